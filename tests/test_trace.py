@@ -5,8 +5,19 @@ import json
 import pytest
 
 from tpusim.errors import TpusimError
-from tpusim.trace import (CollectiveRecord, HostRecord, MemoryRecord, OpRecord, StepMarker, TensorMeta,
-                          Trace, read_trace, record_from_dict, record_to_dict, write_trace)
+from tpusim.trace import (
+    CollectiveRecord,
+    HostRecord,
+    MemoryRecord,
+    OpRecord,
+    StepMarker,
+    TensorMeta,
+    Trace,
+    read_trace,
+    record_from_dict,
+    record_to_dict,
+    write_trace,
+)
 
 A = TensorMeta(id=1, shape=(64, 128), dtype="bfloat16", nbytes=64 * 128 * 2, storage=1)
 B = TensorMeta(id=2, shape=(128, 128), dtype="bfloat16", nbytes=128 * 128 * 2, storage=2)

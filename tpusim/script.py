@@ -20,7 +20,6 @@ from pathlib import Path
 from tpusim.errors import TpusimError
 
 
-
 def _our_paths() -> tuple[str, ...]:
     """tpusim/, the backend's folder (found without importing torch) and runpy itself."""
     paths = [str(Path(__file__).resolve().parent), str(Path(runpy.__file__).resolve())]

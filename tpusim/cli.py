@@ -18,6 +18,8 @@ COMMANDS = {
     "chips": "chips",
     "topology": "topology",
     "collective": "collective",
+    "run": "run",
+    "compare": "compare",
 }
 
 DESCRIPTION = """\
@@ -27,6 +29,7 @@ examples:
   python -m tpusim chips                         # TPU generations and their key numbers
   python -m tpusim topology 3d:8x8x8             # a 512-chip v5p slice: links, wrap, bisection
   python -m tpusim collective all_reduce --bytes 1GiB --topology 3d:4x4x4
+  python -m tpusim run examples/transformer.py --topology 3d:8x8x8 --mode all
 """
 
 
@@ -52,8 +55,13 @@ def _command_module(module_name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # everything after the first "--" belongs to the user's script (`tpusim run model.py -- --lr 1`)
+    script_args = argv[argv.index("--") + 1:] if "--" in argv else []
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv[:len(argv) - len(script_args) - (1 if "--" in argv else 0)])
+    if script_args:
+        args.script_args = script_args
     if args.command is None:
         parser.print_help()
         return 2

@@ -1,0 +1,123 @@
+"""``tpusim compare A [B]``: two runs side by side, or one run re-priced on another slice or chip.
+
+A and B are report folders written by ``tpusim run`` (or their report.json). With only A and
+``--topology``/``--chip``/``--mode``, A's recorded program (program.jsonl) is re-priced by
+replay, without running the script again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from tpusim.errors import TpusimError
+from tpusim.units import format_bytes, format_seconds
+
+EXAMPLES = """\
+examples:
+  python -m tpusim compare reports/run-a reports/run-b             # two runs, ratio B / A
+  python -m tpusim compare reports/run-a --topology 3d:4x4x8        # same program on another slice
+  python -m tpusim compare reports/run-a --chip v6e --topology 2d:16x16 --mode all
+"""
+
+METRICS = (
+    ("step time (median)", lambda m: m["step_time_median_s"], format_seconds),
+    ("whole program", lambda m: m["total_s"], format_seconds),
+    ("kernels", lambda m: m["kernels"], str),
+    ("host stall", lambda m: m["host_s"]["stall"], format_seconds),
+    ("collectives exposed", lambda m: m["device_s"]["collective_exposed"], format_seconds),
+    ("MFU", lambda m: m["mfu"], lambda v: f"{v:.1%}"),
+    ("HBM peak", lambda m: m["hbm"]["peak_bytes"], format_bytes),
+)
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "compare", help="compare two reports, or re-price one report's program on another slice/chip/mode",
+        description=__doc__, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("a", metavar="A", help="report folder (or its report.json)")
+    parser.add_argument("b", metavar="B", nargs="?", help="second report folder; omit to re-price A")
+    parser.add_argument("--topology", metavar="SPEC", help="re-price A on this slice, e.g. 3d:4x4x8")
+    parser.add_argument("--chip", help="re-price A on this chip generation, e.g. v6e")
+    parser.add_argument("--mode", help="re-price A in these eager modes (e.g. fused, all)")
+    parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    parser.set_defaults(run=run)
+
+
+def load_report(path: str) -> tuple[dict[str, Any], Path]:
+    folder = Path(path)
+    file = folder if folder.suffix == ".json" else folder / "report.json"
+    if not file.is_file():
+        raise TpusimError(f"{path}: no report.json there (give a folder written by `tpusim run`)")
+    try:
+        return json.loads(file.read_text()), file.parent
+    except json.JSONDecodeError as error:
+        raise TpusimError(f"{file}: not valid JSON ({error.msg} at line {error.lineno})") from None
+
+
+def reprice(folder: Path, report: dict[str, Any], topology: str | None, chip: str | None,
+            modes: str | None) -> dict[str, Any]:
+    """A's program trace priced again: a new report in memory, labelled by what changed."""
+    from tpusim.lint import lint
+    from tpusim.pricing import price, resolve_modes
+    from tpusim.report import RunInfo, build_report
+    from tpusim.topology import build_slice
+    from tpusim.trace import read_trace
+
+    program = folder / "program.jsonl"
+    if not program.is_file():
+        raise TpusimError(f"{folder}: no program.jsonl to re-price (it is written by `tpusim run`)")
+    trace = read_trace(program)
+    slice_ = build_slice(topology or report["run"]["topology"], chip=chip or (None if topology else
+                                                                              report["run"]["chip"]))
+    names = resolve_modes(modes) if modes else list(report["modes"])
+    timelines = {mode: price(trace, topology=slice_, mode=mode) for mode in names}
+    info = RunInfo(script=report["run"]["script"], argv=tuple(report["run"]["argv"]), topology=slice_.spec,
+                   numerics=report["run"]["numerics"], torch_version=report["run"]["torch_version"])
+    return build_report(info, trace, slice_, timelines, lint(trace, slice_.chip, timelines[names[-1]]))
+
+
+def label(report: dict[str, Any]) -> str:
+    return f"{report['run']['topology']} {report['run']['chip']}"
+
+
+def comparison(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows (mode, metric, A, B, B/A) for every mode both reports priced (or A's vs B's only mode)."""
+    pairs = [(m, m) for m in a["modes"] if m in b["modes"]]
+    if not pairs:
+        pairs = [(ma, mb) for ma in a["modes"] for mb in b["modes"]]
+    rows = []
+    for mode_a, mode_b in pairs:
+        for name, get, fmt in METRICS:
+            va, vb = get(a["modes"][mode_a]), get(b["modes"][mode_b])
+            rows.append({"mode": mode_a if mode_a == mode_b else f"{mode_a} vs {mode_b}", "metric": name,
+                         "a": va, "b": vb, "ratio": vb / va if va else None, "a_text": fmt(va), "b_text": fmt(vb)})
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    a, folder = load_report(args.a)
+    if args.b:
+        if args.topology or args.chip or args.mode:
+            raise TpusimError("give either a second report B or --topology/--chip/--mode to re-price A, not both")
+        b, _ = load_report(args.b)
+    elif args.topology or args.chip or args.mode:
+        b = reprice(folder, a, args.topology, args.chip, args.mode)
+    else:
+        raise TpusimError("nothing to compare: give a second report B, or --topology/--chip/--mode to re-price A")
+    rows = comparison(a, b)
+    if args.json:
+        print(json.dumps({"a": label(a), "b": label(b), "rows": [{k: r[k] for k in ("mode", "metric", "a", "b",
+                                                                                    "ratio")} for r in rows]},
+                         indent=1))
+        return 0
+    head_a, head_b = f"A: {label(a)}", f"B: {label(b)}"
+    width_a = max(len(head_a), *(len(r["a_text"]) for r in rows))
+    width_b = max(len(head_b), *(len(r["b_text"]) for r in rows))
+    print(f"{'mode':8} {'metric':20} {head_a:>{width_a}} {head_b:>{width_b}}    B/A")
+    for r in rows:
+        ratio = f"{r['ratio']:.3g}x" if r["ratio"] is not None else "-"
+        print(f"{r['mode']:8} {r['metric']:20} {r['a_text']:>{width_a}} {r['b_text']:>{width_b}} {ratio:>7}")
+    return 0

@@ -1,0 +1,80 @@
+"""report.html: one self-contained page (figures embedded as base64 PNG) that opens offline."""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+from typing import Any
+
+from tpusim.units import format_bytes, format_seconds
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+h1{font-size:1.5em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ddd}
+.cards{display:flex;flex-wrap:wrap;gap:1em}.card{border:1px solid #ddd;border-radius:6px;padding:.7em 1em}
+.card b{display:block;font-size:1.3em}.bad{color:#b00}table{border-collapse:collapse;font-size:.85em}
+td,th{border-bottom:1px solid #eee;padding:.25em .6em;text-align:right}td:first-child,th:first-child{text-align:left}
+img{max-width:100%}.warn{background:#fff4e5;padding:.4em .8em;border-left:4px solid #f0a020;margin:.3em 0}
+pre{background:#f6f6f6;padding:1em;overflow:auto}
+"""
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _image(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></p>'
+
+
+def render_html(report: dict[str, Any], figures: dict[str, Path]) -> str:
+    run, chip, modes = report["run"], report["chip"], report["modes"]
+    best = min(modes, key=lambda m: modes[m]["step_time_median_s"])
+    summary = modes[best]
+    cards = [("script", run["script"]), ("slice", f"{run['topology']} on {chip['display_name']}"),
+             ("chips", report["slice"]["chips"]), ("step time", format_seconds(summary["step_time_median_s"])
+                                                    + f" ({best})"),
+             ("MFU", f"{summary['mfu']:.1%}"), ("HBM peak", f"{format_bytes(summary['hbm']['peak_bytes'])} "
+                                                          f"of {format_bytes(summary['hbm']['capacity_bytes'])}")]
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>tpusim: {html.escape(run['script'])}"
+             f"</title><style>{STYLE}</style></head><body>",
+             f"<h1>tpusim cost report: {html.escape(run['script'])}</h1>"]
+    if not report["complete"]:
+        parts.append(f"<p class='bad'><b>Incomplete:</b> the script raised {html.escape(report['error']['type'])}"
+                     f"; the numbers cover what ran before it.</p><pre>"
+                     f"{html.escape(report['error']['traceback'] or '')}</pre>")
+    parts.append("<div class='cards'>" + "".join(f"<div class='card'>{html.escape(k)}<b>{html.escape(str(v))}</b>"
+                                                 "</div>" for k, v in cards) + "</div>")
+    for warning in report["warnings"]:
+        parts.append(f"<div class='warn'>{html.escape(warning['message'])}"
+                     f"{' (' + html.escape(warning['source']) + ')' if warning.get('source') else ''}</div>")
+    parts.append("<h2>Eager modes</h2>" + _table(
+        ["mode", "step (median)", "first step", "total", "kernels", "host stall", "MXU util", "MFU"],
+        [[m, format_seconds(r["step_time_median_s"]), format_seconds(r["first_step_s"] or 0),
+          format_seconds(r["total_s"]), r["kernels"], format_seconds(r["host_s"]["stall"]),
+          f"{r['mxu_utilisation']:.1%}", f"{r['mfu']:.1%}"] for m, r in modes.items()]))
+    for name, title in (("modes", "Step time per mode"), ("breakdown", "Time breakdown"),
+                        ("roofline", "Roofline"), ("links", "ICI link utilisation"),
+                        ("placements", "Placements")):
+        if name in figures:
+            parts.append(f"<h2>{title}</h2>" + _image(figures[name], title))
+    parts.append(f"<h2>Top ops ({best})</h2>" + _table(
+        ["op", "source", "count", "time", "FLOPs", "bytes", "bound"],
+        [[o["op"], o["source"], o["count"], format_seconds(o["seconds"]), f"{o['flops']:.3g}",
+          format_bytes(o["bytes"]), o["bound"]] for o in summary["top_ops"]]))
+    if summary["collectives"]:
+        parts.append(f"<h2>Collectives ({best})</h2>" + _table(
+            ["kind", "bytes", "group", "axes", "algorithm", "DES time", "closed form", "source"],
+            [[c["kind"], format_bytes(c["bytes"]), c["group_size"], ",".join(c["axes"]), c["algorithm"],
+              format_seconds(c["time_s"]), format_seconds(c["closed_form_s"]), c["source"]]
+             for c in summary["collectives"][:50]]))
+    if summary["host_stalls"]:
+        parts.append(f"<h2>Where the host waited ({best})</h2>" + _table(
+            ["reason", "source", "time"],
+            [[s["reason"], s["source"], format_seconds(s["seconds"])] for s in summary["host_stalls"]]))
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,218 @@
+"""report.json: the versioned contract of a tpusim run (schema below), built from Timelines.
+
+The same inputs give a byte-identical file: no wall-clock times, sorted keys, floats
+rounded to 9 significant digits, lists in a defined order.
+
+Schema ``tpusim-report`` version 1::
+
+    schema, version            "tpusim-report", 1
+    complete                   false when the script raised; then ``error`` = {type, traceback}
+    run                        script, argv, tpusim_version, torch_version, chip, topology,
+                               world_size, modes, numerics, target
+    chip                       name, display_name and the peaks the report compares against
+    slice                      Slice.to_dict(): chips, dims, wrap, links, diameter, bisection
+    program                    what the trace holds: ops, collectives, syncs, steps, model_flops
+    modes.<mode>               one entry per eager mode priced (debug, strict, fused):
+      total_s                  simulated wall time of the whole program
+      steps_s                  every step's time; first_step_s (compile/warm-up) separately;
+      step_time_median_s       median of the steps after the first (total_s when no steps)
+      device_s                 device timeline split: mxu, vpu, transcendental, hbm, sparsecore,
+                               launch (op time by the term that bound it), collective_exposed,
+                               idle; they sum to total_s (per simulated chip)
+      host_s                   host timeline split: dispatch, stall, transfer
+      collective_overlapped_s  collective time hidden under compute
+      mxu_utilisation          useful MXU FLOPs / (time in MXU kernels x bf16 peak)
+      mfu                      model FLOPs / (total_s x bf16 peak)
+      kernels                  kernels launched
+      hbm                      peak_bytes, capacity_bytes, peak_fraction
+      top_ops                  [{op, source, count, seconds, flops, bytes, bound}] by seconds
+      collectives              [{seq, kind, bytes, group_size, axes, algorithm, reason,
+                                 time_s (DES), closed_form_s, source}]
+      links                    max_utilisation, mean_utilisation (busy links), busiest
+      host_stalls              [{reason, source, seconds}] where the host waited for the device
+    warnings                   [{code, message, source}] (TPU-readiness lint)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from statistics import median
+from typing import Any
+
+from tpusim import __version__
+from tpusim.compute import kernel_cost
+from tpusim.engine import Timeline
+from tpusim.spec import ChipSpec
+from tpusim.topology import Slice
+from tpusim.trace import CollectiveRecord, HostRecord, OpRecord, StepMarker, Trace
+
+SCHEMA = "tpusim-report"
+SCHEMA_VERSION = 1
+TOP_OPS = 20
+DEVICE_TERMS = ("mxu", "vpu", "transcendental", "hbm", "sparsecore", "launch")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What was run, for the report's ``run`` section."""
+
+    script: str
+    argv: tuple[str, ...] = ()
+    topology: str = ""
+    numerics: str = "on"
+    target: str = "sim"
+    torch_version: str = ""
+    error_type: str | None = None
+    error_traceback: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str, Timeline],
+                 warnings: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    chip = slice_.chip
+    report = {
+        "schema": SCHEMA,
+        "version": SCHEMA_VERSION,
+        "complete": info.error_type is None,
+        "error": None if info.error_type is None else {"type": info.error_type,
+                                                       "traceback": info.error_traceback},
+        "run": {"script": info.script, "argv": list(info.argv), "tpusim_version": __version__,
+                "torch_version": info.torch_version, "chip": chip.name, "topology": slice_.spec,
+                "world_size": slice_.total_chips, "modes": list(timelines), "numerics": info.numerics,
+                "target": info.target, **info.extra},
+        "chip": chip_summary(chip),
+        "slice": slice_.to_dict(),
+        "program": program_summary(trace),
+        "modes": {mode: mode_report(timeline, trace, chip) for mode, timeline in timelines.items()},
+        "warnings": warnings or [],
+    }
+    return rounded(report)
+
+
+def chip_summary(chip: ChipSpec) -> dict[str, Any]:
+    return {"name": chip.name, "display_name": chip.display_name,
+            "peak_bf16_flops_per_s": chip.peak_bf16_flops_per_s, "hbm_bytes": chip.hbm_bytes,
+            "hbm_bytes_per_s": chip.hbm_bytes_per_s, "ici_link_bytes_per_s": chip.ici_link_bytes_per_s,
+            "mxu_size": chip.mxu_size}
+
+
+def program_summary(trace: Trace) -> dict[str, Any]:
+    ops = trace.of_kind(OpRecord)
+    return {"ops": len(ops), "collectives": len(trace.of_kind(CollectiveRecord)),
+            "syncs": sum(1 for r in trace.of_kind(HostRecord) if r.event == "sync"),
+            "steps": len(trace.of_kind(StepMarker)), "model_flops": sum(op.flops for op in ops)}
+
+
+def mode_report(timeline: Timeline, trace: Trace, chip: ChipSpec) -> dict[str, Any]:
+    steps = [s.seconds for s in timeline.steps]
+    after_first = steps[1:]
+    chips = max(1, len(timeline.chips_simulated))
+    device = {term: timeline.time_by_bound.get(term, 0.0) / chips for term in DEVICE_TERMS}
+    exposed = timeline.collective_exposed_s
+    device["collective_exposed"] = exposed
+    device["idle"] = max(0.0, timeline.total_s - sum(device.values()))
+    ops = [e for e in timeline.events if e.kind == "op"]
+    model_flops = sum(e.flops for e in ops) / chips
+    return {
+        "total_s": timeline.total_s,
+        "steps_s": steps,
+        "first_step_s": steps[0] if steps else None,
+        "step_time_median_s": median(after_first) if after_first else (steps[0] if steps else timeline.total_s),
+        "device_s": device,
+        "host_s": {"dispatch": timeline.host_dispatch_s / chips, "stall": timeline.host_stall_s / chips,
+                   "transfer": timeline.host_transfer_s / chips},
+        "collective_overlapped_s": max(0.0, timeline.collective_s - exposed),
+        "mxu_utilisation": mxu_utilisation(trace, chip),
+        "mfu": model_flops / (timeline.total_s * chip.peak_bf16_flops_per_s) if timeline.total_s else 0.0,
+        "kernels": timeline.kernels,
+        "hbm": {"peak_bytes": timeline.peak_hbm_bytes, "capacity_bytes": chip.hbm_bytes,
+                "peak_fraction": timeline.peak_hbm_bytes / chip.hbm_bytes},
+        "top_ops": top_ops(timeline),
+        "collectives": [collective_entry(run) for run in timeline.collectives],
+        "links": link_summary(timeline),
+        "host_stalls": host_stalls(timeline),
+    }
+
+
+def mxu_utilisation(trace: Trace, chip: ChipSpec) -> float:
+    """Useful MXU FLOPs over what the MXUs could do at the bf16 peak in the time MXU kernels ran."""
+    flops = seconds = 0.0
+    for op in trace.of_kind(OpRecord):
+        if op.unit == "mxu":
+            cost = kernel_cost(op, chip)
+            flops += cost.flops
+            seconds += cost.seconds
+    return flops / (seconds * chip.peak_bf16_flops_per_s) if seconds else 0.0
+
+
+def top_ops(timeline: Timeline) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str], dict[str, Any]] = defaultdict(
+        lambda: {"count": 0, "seconds": 0.0, "flops": 0.0, "bytes": 0.0, "bounds": defaultdict(float)})
+    for event in timeline.events:
+        if event.kind == "op":
+            group = groups[(event.name, event.source)]
+            group["count"] += 1
+            group["seconds"] += event.seconds
+            group["flops"] += event.flops
+            group["bytes"] += event.bytes
+            group["bounds"][event.bound] += event.seconds
+    entries = [{"op": name, "source": source, "count": g["count"], "seconds": g["seconds"],
+                "flops": g["flops"], "bytes": g["bytes"],
+                "bound": max(sorted(g["bounds"]), key=g["bounds"].__getitem__)}
+               for (name, source), g in groups.items()]
+    entries.sort(key=lambda e: (-e["seconds"], e["op"], e["source"]))
+    return entries[:TOP_OPS]
+
+
+def collective_entry(run: Any) -> dict[str, Any]:
+    result = run.result
+    return {"seq": run.seq, "kind": run.kind, "bytes": result.bytes, "rank_bytes": run.rank_bytes,
+            "group_size": run.group_size, "axes": list(result.axes), "algorithm": result.algorithm,
+            "reason": result.reason, "time_s": run.end_s - run.start_s, "closed_form_s": result.closed_form_s,
+            "idle_network_s": result.time_s, "async": run.async_op, "source": run.source}
+
+
+def link_summary(timeline: Timeline) -> dict[str, Any]:
+    """Busiest ICI channels, and each chip's mean outgoing-link utilisation for the heat map.
+
+    Under SPMD symmetry only representative rings are simulated, so chips off those rings
+    show no traffic: the map shows the rings that stand for all the others."""
+    stats = timeline.link_stats
+    if stats is None or not stats.channels:
+        return {"max_utilisation": 0.0, "mean_utilisation": 0.0, "busy_links": 0, "busiest": [], "per_chip": []}
+    busy = [c for c in stats.channels if c.utilisation > 0]
+    per_chip: dict[tuple[int, ...], list[float]] = defaultdict(list)
+    for channel in busy:
+        per_chip[tuple(channel.key[1])].append(channel.utilisation)
+    return {"max_utilisation": stats.max_utilisation,
+            "mean_utilisation": sum(c.utilisation for c in busy) / len(busy) if busy else 0.0,
+            "busy_links": len(busy),
+            "busiest": [{"link": c.name, "utilisation": c.utilisation, "bytes": c.bytes} for c in busy[:10]],
+            "per_chip": [[list(coord), sum(u) / len(u)] for coord, u in sorted(per_chip.items())]}
+
+
+def host_stalls(timeline: Timeline) -> list[dict[str, Any]]:
+    stalls: dict[tuple[str, str], float] = defaultdict(float)
+    for event in timeline.events:
+        if event.kind == "stall":
+            stalls[(event.bound, event.source)] += event.seconds
+    entries = [{"reason": reason, "source": source, "seconds": s} for (reason, source), s in stalls.items()]
+    entries.sort(key=lambda e: (-e["seconds"], e["reason"], e["source"]))
+    return entries[:TOP_OPS]
+
+
+def rounded(value: Any) -> Any:
+    """Floats to 9 significant digits (stable across platforms), recursively; tuples to lists."""
+    if isinstance(value, float):
+        if not math.isfinite(value) or value == 0:
+            return value
+        return float(f"{value:.9g}")
+    if isinstance(value, dict):
+        return {str(k): rounded(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [rounded(v) for v in value]
+    if hasattr(value, "__dataclass_fields__"):
+        return rounded(asdict(value))
+    return value

@@ -1,0 +1,134 @@
+"""The report's figures, drawn from a report.json dict (so a notebook can redraw a saved run).
+
+Each function returns a matplotlib ``Figure`` (no pyplot state, safe in tests and servers);
+``save_figures`` writes them all as PNG and returns their paths.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+DEVICE_COLOURS = {"mxu": "#1f77b4", "vpu": "#2ca02c", "transcendental": "#17becf", "hbm": "#ff7f0e",
+                  "sparsecore": "#9467bd", "launch": "#8c564b", "collective_exposed": "#d62728",
+                  "idle": "#c7c7c7"}
+MODE_ORDER = ("debug", "strict", "fused")
+
+
+def _modes(report: dict[str, Any]) -> list[str]:
+    names = list(report["modes"])
+    return sorted(names, key=lambda m: (MODE_ORDER.index(m) if m in MODE_ORDER else len(MODE_ORDER), m))
+
+
+def _time_unit(seconds: float) -> tuple[str, float]:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return unit, scale
+    return "ns", 1e-9
+
+
+def mode_comparison(report: dict[str, Any]) -> Figure:
+    """Step time per eager mode (median after the first step), with the ratio to the slowest."""
+    modes = _modes(report)
+    times = [report["modes"][m]["step_time_median_s"] for m in modes]
+    unit, scale = _time_unit(max(times))
+    fig = Figure(figsize=(6, 3.2), layout="constrained")
+    ax = fig.subplots()
+    bars = ax.bar(modes, [t / scale for t in times], color="#4c72b0")
+    for bar, t in zip(bars, times):
+        ax.annotate(f"{t / scale:.3g} {unit}\n{max(times) / t:.2f}x" if t else "0", (bar.get_x() +
+                    bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel(f"step time ({unit})")
+    ax.set_title("Simulated step time per eager mode")
+    ax.margins(y=0.25)
+    return fig
+
+
+def time_breakdown(report: dict[str, Any]) -> Figure:
+    """Where the device's time goes in each mode: op time by limiting term, exposed collectives, idle."""
+    modes = _modes(report)
+    total = max(report["modes"][m]["total_s"] for m in modes) or 1.0
+    unit, scale = _time_unit(total)
+    fig = Figure(figsize=(7, 1.2 + 0.6 * len(modes)), layout="constrained")
+    ax = fig.subplots()
+    left = np.zeros(len(modes))
+    for term, colour in DEVICE_COLOURS.items():
+        widths = np.array([report["modes"][m]["device_s"].get(term, 0.0) / scale for m in modes])
+        if widths.any():
+            ax.barh(modes, widths, left=left, color=colour, label=term)
+            left += widths
+    ax.set_xlabel(f"simulated time ({unit}), whole program, per chip")
+    ax.set_title("Device time breakdown")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=4, fontsize=8, frameon=False)
+    return fig
+
+
+def roofline(report: dict[str, Any], mode: str | None = None) -> Figure:
+    """Ops as points (arithmetic intensity, achieved FLOP/s) under the chip's bf16 roofline."""
+    chip = report["chip"]
+    mode = mode or _modes(report)[-1]
+    ops = [o for o in report["modes"][mode]["top_ops"] if o["bytes"] > 0 and o["flops"] > 0 and o["seconds"] > 0]
+    peak, bandwidth = chip["peak_bf16_flops_per_s"], chip["hbm_bytes_per_s"]
+    fig = Figure(figsize=(6, 4), layout="constrained")
+    ax = fig.subplots()
+    ridge = peak / bandwidth
+    x = np.logspace(-2, max(4.0, np.log10(ridge) + 2), 200)
+    ax.loglog(x, np.minimum(peak, x * bandwidth), color="black", lw=1.5,
+              label=f"roofline ({chip['name']}: ridge {ridge:.0f} FLOP/B)")
+    if ops:
+        intensity = np.array([o["flops"] / o["bytes"] for o in ops])
+        achieved = np.array([o["flops"] / o["seconds"] for o in ops])
+        sizes = np.array([o["seconds"] for o in ops])
+        ax.scatter(intensity, achieved, s=20 + 200 * sizes / sizes.max(), alpha=0.6, color="#dd8452",
+                   edgecolor="black", linewidth=0.5, label="ops (size = time)")
+        for o, xi, yi in list(zip(ops, intensity, achieved))[:5]:
+            ax.annotate(o["op"].replace("aten::", ""), (xi, yi), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+    ax.set_xlabel("arithmetic intensity (FLOP / HBM byte)")
+    ax.set_ylabel("achieved FLOP/s")
+    ax.set_title(f"Roofline ({mode} mode)")
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def link_heatmap(report: dict[str, Any], mode: str | None = None) -> Figure | None:
+    """Mean utilisation of each chip's outgoing ICI links over the x-y plane (mean over z)."""
+    mode = mode or _modes(report)[-1]
+    per_chip = report["modes"][mode]["links"].get("per_chip", [])
+    if not per_chip:
+        return None
+    dims = report["slice"]["dims"]
+    grid = np.zeros((dims[1] if len(dims) > 1 else 1, dims[0]))
+    counts = np.zeros_like(grid)
+    for coord, utilisation in per_chip:
+        y = coord[1] if len(coord) > 1 else 0
+        grid[y, coord[0]] += utilisation
+        counts[y, coord[0]] += 1
+    grid = np.divide(grid, counts, out=np.zeros_like(grid), where=counts > 0)
+    fig = Figure(figsize=(5, 4), layout="constrained")
+    ax = fig.subplots()
+    image = ax.imshow(grid, origin="lower", cmap="viridis", vmin=0, vmax=max(1e-9, grid.max()))
+    fig.colorbar(image, ax=ax, label="link utilisation")
+    ax.set_xlabel("x")
+    ax.set_ylabel("y")
+    ax.set_title(f"ICI link utilisation ({mode}; mean over z)")
+    return fig
+
+
+FIGURES = {"modes": mode_comparison, "breakdown": time_breakdown, "roofline": roofline,
+           "links": link_heatmap}
+
+
+def save_figures(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    paths = {}
+    for name, draw in FIGURES.items():
+        fig = draw(report)
+        if fig is None:
+            continue
+        path = out_dir / f"{name}.png"
+        fig.savefig(path, dpi=110, metadata={"Software": None})  # no version stamp: stable bytes
+        paths[name] = path
+    return paths

@@ -28,7 +28,7 @@ def float64_use(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list
     """TPUs have no native float64/complex: such ops run on the host (or as f32) and are slow."""
     found = Counter((op.op, op.source) for op in trace.of_kind(OpRecord)
                     if op.dtype in ("float64", "complex64", "complex128"))
-    ops = trace.meta.get("host_fallback_ops") or []
+    ops = trace.meta.get("f64_ops") or []
     warnings = [_warning("float64", f"{op} uses float64/complex ({n}x): TPUs have no native f64; "
                                     f"it runs on the host. Use float32 or bfloat16", source)
                 for (op, source), n in sorted(found.items())]

@@ -7,6 +7,7 @@ here), records the script's program trace once, and prices it per eager mode.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import threading
@@ -128,13 +129,13 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     with backend.recording() as recorder:
-        progress.watch(lambda: f"running {script.name}: {recorder.op_count} ops recorded, "
+        progress.watch(lambda: f"running {script.name}: {len(recorder.records)} records, "
                                f"{time.perf_counter() - started:.0f} s", every_s=0.5 if progress.tty else 5.0)
         try:
             outcome = run_script(script, list(args.script_args))
         finally:
             progress.stop()
-    trace = recorder.trace(world_size=slice_.total_chips)
+    trace = dataclasses.replace(recorder.trace, world_size=slice_.total_chips)
     if outcome.error:
         print(outcome.error, file=sys.stderr, end="")
     progress.say(f"recorded {len(trace.records)} records in {time.perf_counter() - started:.1f} s; "
@@ -146,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _import_backend():
     try:
+        import torch  # noqa: F401  (first: torch's autoload entry point then registers the device)
+
         import tpusim.backend as backend
     except ImportError as error:
         raise TpusimError(f"the tpu device could not be loaded: {error}") from None

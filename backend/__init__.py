@@ -1,0 +1,52 @@
+"""The PyTorch "tpu" device (PrivateUse1) on the simulator target: ``tpusim.backend``.
+
+Importing this package registers the device (it also happens at ``import torch`` through the
+``torch.backends`` entry point, unless TORCH_DEVICE_BACKEND_AUTOLOAD=0)::
+
+    import torch, tpusim.backend as tb
+    x = torch.randn(4, 4, device="tpu")
+    with tb.recording() as rec:
+        y = (x @ x).relu().sum().item()
+    trace = rec.trace          # tpusim.trace.Trace: ops, host syncs, memory, steps
+
+Map: shim.py (compile/load csrc/), device.py (registration), tpu_module.py (torch.tpu),
+fallback.py (the boxed fallback), kernels.py (hand-written kernels table), policy.py (float64),
+costs.py (cost rules), recorder.py (trace), source.py (user source lines), compiler.py
+(Dynamo/Inductor takeover), config.py (TPUSIM_* environment variables).
+"""
+
+from __future__ import annotations
+
+import sys as _sys
+
+from tpusim.backend.device import register as _register
+
+
+def _autoloading() -> bool:
+    """True while torch's ``import torch`` runs the torch.backends entry points."""
+    frame = _sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_import_device_backends":
+            return True
+        frame = frame.f_back
+    return False
+
+
+try:
+    _register()
+except Exception as _err:  # at `import torch`, warn instead of breaking torch for everyone
+    if not _autoloading():
+        raise
+    import warnings as _warnings
+
+    _warnings.warn(f"tpusim: the tpu device was not registered during `import torch`: {_err} "
+                   f"(TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns the autoload off)", RuntimeWarning, stacklevel=2)
+
+from tpusim.backend.policy import TpuFloat64Warning, non_native_ops  # noqa: E402
+from tpusim.backend.recorder import Recording, recording, start, step, stop  # noqa: E402
+
+__all__ = ["Recording", "TpuFloat64Warning", "non_native_ops", "recording", "start", "step", "stop"]
+
+
+def _autoload() -> None:
+    """``torch.backends`` entry point: importing this package at ``import torch`` registered the device."""

@@ -17,7 +17,8 @@ from tpusim.trace import HostRecord, OpRecord, StepMarker, Trace
 
 Warning_ = dict[str, str]
 HBM_NEAR_CAPACITY = 0.9
-MXU_WASTE_THRESHOLD = 0.75   # warn when under 75% of a matmul's MXU work is useful
+MXU_WASTE_SHARE = 0.05   # shapes with at least 5% of the program's matmul FLOPs...
+MXU_USEFUL_OK = 0.75     # ...that use under 75% of the MXU tiles they occupy
 
 
 def _warning(code: str, message: str, source: str = "") -> Warning_:
@@ -53,20 +54,34 @@ def syncs_in_step_loop(trace: Trace, chip: ChipSpec, timeline: Timeline | None) 
 
 
 def mxu_tile_waste(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Warning_]:
-    """Matmul dimensions that are not multiples of the MXU tile leave part of the array idle."""
-    found: dict[tuple[str, tuple[int, int, int, int]], tuple[str, float]] = {}
+    """Matmul dimensions that are not multiples of the MXU tile leave part of the array idle. Shapes
+    that carry a noticeable share of the program's matmul FLOPs are flagged, whether or not they are
+    MXU-bound at this size: a bigger batch makes them so."""
+    total = 0.0
+    flops: Counter[tuple[str, tuple[int, int, int, int]]] = Counter()
+    sources: dict[tuple[str, tuple[int, int, int, int]], str] = {}
     for op in trace.of_kind(OpRecord):
         if op.matmul is None or min(op.matmul) <= 0:
             continue
-        batch, m, k, n = op.matmul
-        padded = matmul_padding(op.matmul, chip)
-        useful = (batch * m * k * n) / max(1, padded[0] * padded[1] * padded[2] * padded[3])
-        if useful < MXU_WASTE_THRESHOLD:
-            found.setdefault((op.op, op.matmul), (op.source, useful))
-    return [_warning("mxu-padding", f"{name} with (batch, m, k, n) = {shape} uses {useful:.0%} of the "
-                                    f"{chip.mxu_size}x{chip.mxu_size} MXU tiles; pad k and n to multiples of "
-                                    f"{chip.mxu_size} (e.g. a head dim of 64 wastes half)", source)
-            for (name, shape), (source, useful) in sorted(found.items())][:10]
+        total += op.flops
+        if any(size % chip.mxu_size for size in op.matmul[2:]):
+            flops[(op.op, op.matmul)] += op.flops
+            sources.setdefault((op.op, op.matmul), op.source)
+    warnings = []
+    for (name, shape), share in flops.most_common():
+        if share < MXU_WASTE_SHARE * total or len(warnings) == 10:
+            break
+        batch, m, k, n = shape
+        padded = matmul_padding(shape, chip)
+        useful = (k * n) / (padded[2] * padded[3])
+        if useful >= MXU_USEFUL_OK:
+            continue
+        short = " and ".join(f"{dim}={size}" for dim, size in (("k", k), ("n", n)) if size % chip.mxu_size)
+        warnings.append(_warning(
+            "mxu-padding", f"{name} with (batch, m, k, n) = {shape} ({share / total:.0%} of matmul FLOPs): {short} "
+                           f"not a multiple of the {chip.mxu_size}-wide MXU, so {1 - useful:.0%} of its MXU work "
+                           f"is padding (a head dim of 64 wastes half)", sources[(name, shape)]))
+    return warnings
 
 
 def hbm_near_capacity(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Warning_]:

@@ -19,6 +19,14 @@ from __future__ import annotations
 
 import sys as _sys
 
+
+def _autoload() -> None:
+    """``torch.backends`` entry point. Loading it imports this package, which registers the device.
+    Defined before anything imports torch: ``import tpusim.backend`` first imports torch, whose
+    autoload then finds this package half-imported and must find this function already."""
+
+
+
 from tpusim.backend.device import register as _register
 
 
@@ -48,5 +56,3 @@ from tpusim.backend.recorder import Recording, recording, start, step, stop  # n
 __all__ = ["Recording", "TpuFloat64Warning", "non_native_ops", "recording", "start", "step", "stop"]
 
 
-def _autoload() -> None:
-    """``torch.backends`` entry point: importing this package at ``import torch`` registered the device."""

@@ -1,0 +1,81 @@
+"""``direct`` (one-shot): every rank sends straight to every rank that needs its data, all at once.
+
+One step, so its latency is the longest route (not a ring's n-1 or n/2 steps): the cheapest
+algorithm for small, latency-bound messages, and the only one for ``permute``. All-reduce is
+one-shot (everyone sends the whole buffer to everyone and reduces locally). Routes share
+channels, so for large messages it loses to the rings. Groups above ``DIRECT_MAX_RANKS`` are
+not offered (n^2 flows); permute (n flows) has no limit. Permute sends each rank's data to the
+next rank along the group's first axis (cyclic), or the next in an irregular group's order.
+"""
+
+from __future__ import annotations
+
+from tpusim.collectives import closed_form as cf
+from tpusim.collectives import patterns
+from tpusim.collectives.common import axis_params, phase
+from tpusim.collectives.groups import Node, Request, axis_line, lines_per_axis, node_path, ring_line, snake
+from tpusim.collectives.plan import Cost, Plan
+
+DIRECT_MAX_RANKS = 64
+
+
+def supports(req: Request) -> str | None:
+    spans_slices = req.has_dcn or (req.ranks is not None and len({s for s, _ in req.ranks}) > 1)
+    if spans_slices and req.kind != "permute":
+        return "the group spans slices: use dcn (one-shot all-to-all crossing DCN NICs is what its DCN stage does)"
+    if req.kind != "permute" and req.group_size > DIRECT_MAX_RANKS:
+        return f"one-shot is offered up to {DIRECT_MAX_RANKS} ranks (n^2 flows); this group has {req.group_size}"
+    return None
+
+
+def _members(req: Request) -> list[Node]:
+    return list(req.ranks) if req.ranks is not None else snake(req.slice, req.axes, req.root)
+
+
+def plan(req: Request) -> Plan:
+    s = req.slice
+    if req.kind == "permute":
+        if req.ranks is not None:
+            return Plan((phase(patterns.shift(ring_line(s, req.ranks), req.nbytes)),),
+                        "shift by one along the group's order")
+        a = req.axes[0]
+        copies = lines_per_axis(req, a)
+        return Plan((phase(patterns.shift(axis_line(s, a, req.root, copies), req.nbytes)),),
+                    f"shift by one along {req.axis_label(a)}; 1 representative line (of {copies})")
+    nodes = _members(req)
+    n = len(nodes)
+    root = req.root
+    flows = []
+    if req.kind in ("broadcast", "reduce"):
+        for b in nodes:
+            if b != root:
+                flows.append((node_path(s, root, b) if req.kind == "broadcast" else node_path(s, b, root),
+                              req.nbytes))
+    else:
+        size = req.nbytes if req.kind == "all_reduce" else req.nbytes / n
+        for a in nodes:
+            for b in nodes:
+                if a != b:
+                    flows.append((node_path(s, a, b), size))
+    chip = s.chip
+    floor = chip.ici_link_bytes_per_s * chip.ici_hop_latency_ns * 1e-9 / 8
+    return Plan((phase(patterns.direct(flows, 1, floor)),), f"all {len(flows)} flows of the group")
+
+
+def cost(req: Request) -> Cost | None:
+    if req.kind == "permute":
+        if req.ranks is not None or req.slice.twisted:
+            return None
+        return cf.shift(axis_params(req, req.axes[0]), req.nbytes)
+    if req.ranks is not None or req.slice.twisted:
+        return None
+    axes = sorted(req.axes)  # dimension-order routing goes x, then y, then z
+    params = [axis_params(req, a) for a in axes]
+    roots = [req.root[1][a] for a in axes]
+    n = req.group_size
+    if req.kind == "broadcast":
+        return cf.direct(params, req.nbytes, "from_root", roots)
+    if req.kind == "reduce":
+        return cf.direct(params, req.nbytes, "to_root", roots)
+    size = req.nbytes if req.kind == "all_reduce" else req.nbytes / n
+    return cf.direct(params, size, "pairs", roots)

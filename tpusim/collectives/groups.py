@@ -1,0 +1,303 @@
+"""Who takes part in a collective: axes or rank groups -> a ``Request``, and the lines and rings
+(with their channel paths) that algorithms move data along.
+
+Ranks are global: ``rank = slice_index * chips_per_slice + rank_in_slice`` (x fastest inside a
+slice, as ``Slice.rank_of``). Axes are named "x", "y", "z" (the slice's torus axes) and "dcn"
+(the slices of a multislice run, only when ``num_slices > 1``); as numbers, DCN is
+``slice.ndims``. A node is ``(slice_index, coord)``.
+
+**Symmetry.** When a group is a full product of axis lines (``group_axes``), every line along an
+axis is a translate of every other, so algorithms build their streams on the one line through
+the group's first rank (the *root*) and record how many translates it stands for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from tpusim.errors import TpusimError
+from tpusim.network import ChannelKey, dcn_path, ici_path
+from tpusim.topology import Coord, Slice
+
+KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "reduce", "permute")
+DCN_NAME = "dcn"
+
+Node = tuple[int, Coord]
+Path = tuple[ChannelKey, ...]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One collective, resolved: what moves, among whom. Hashable, so plans can be cached."""
+
+    slice: Slice
+    kind: str
+    nbytes: float
+    axes: tuple[int, ...]               # axes the group spans (DCN = slice.ndims); () if irregular/one rank
+    root: Node                          # the group's first rank: broadcast/reduce root, line anchor
+    ranks: tuple[Node, ...] | None      # irregular group, in ring order; None when ``axes`` describe it
+    group_size: int
+
+    @property
+    def dcn_axis(self) -> int:
+        return self.slice.ndims
+
+    @property
+    def has_dcn(self) -> bool:
+        return self.ranks is None and self.dcn_axis in self.axes
+
+    @property
+    def ici_axes(self) -> tuple[int, ...]:
+        return tuple(a for a in self.axes if a != self.dcn_axis)
+
+    def size(self, axis: int) -> int:
+        return self.slice.num_slices if axis == self.dcn_axis else self.slice.dims[axis]
+
+    def axis_label(self, axis: int) -> str:
+        return DCN_NAME if axis == self.dcn_axis else self.slice.axis_names[axis]
+
+    @property
+    def axis_labels(self) -> tuple[str, ...]:
+        return tuple(self.axis_label(a) for a in self.axes)
+
+
+def axis_choices(slice_: Slice) -> tuple[str, ...]:
+    return slice_.axis_names + ((DCN_NAME,) if slice_.num_slices > 1 else ())
+
+
+def parse_axes(slice_: Slice, axes: Sequence[str | int] | str) -> tuple[int, ...]:
+    """Axis names (or numbers) -> axis numbers, in the order given; unknown or repeated -> error."""
+    if isinstance(axes, str):
+        axes = [a.strip() for a in axes.split(",") if a.strip()]
+    names = axis_choices(slice_)
+    out: list[int] = []
+    for a in axes:
+        if isinstance(a, int) and not isinstance(a, bool):
+            idx = a
+            if not 0 <= idx < len(names):
+                raise TpusimError(f"axis {a} is not in slice {slice_.spec}: accepted 0..{len(names) - 1} "
+                                  f"({', '.join(names)})")
+        else:
+            name = str(a).strip().lower()
+            if name not in names:
+                more = "" if slice_.num_slices > 1 else " ('dcn' needs slices > 1)"
+                raise TpusimError(f"axis {a!r} is not an axis of slice {slice_.spec}: accepted "
+                                  f"{', '.join(names)}{more}")
+            idx = names.index(name)
+        if idx in out:
+            raise TpusimError(f"axis {names[idx]!r} is listed twice in axes {list(axes)}")
+        out.append(idx)
+    if not out:
+        raise TpusimError(f"axes is empty: name at least one of {', '.join(names)}")
+    return tuple(out)
+
+
+def node_of(slice_: Slice, rank: int) -> Node:
+    s, local = divmod(int(rank), slice_.num_chips)
+    return s, slice_.coord_of(local)
+
+
+def rank_of(slice_: Slice, node: Node) -> int:
+    return node[0] * slice_.num_chips + slice_.rank_of(node[1])
+
+
+def _check_group(slice_: Slice, group: Sequence[int]) -> tuple[int, ...]:
+    ranks = tuple(int(r) for r in group)
+    total = slice_.total_chips
+    bad = [r for r in ranks if not 0 <= r < total]
+    if bad:
+        raise TpusimError(f"group has rank(s) {bad[:5]} outside 0..{total - 1} of slice {slice_.spec}"
+                          + (f" x {slice_.num_slices} slices" if slice_.num_slices > 1 else ""))
+    if len(set(ranks)) != len(ranks):
+        raise TpusimError(f"group {list(ranks)[:16]} repeats a rank: a group lists distinct ranks")
+    if not ranks:
+        raise TpusimError("group is empty: list at least one rank")
+    return ranks
+
+
+def group_axes(slice_: Slice, group: Sequence[int]) -> tuple[int, ...] | None:
+    """The axes a rank group spans when it is a full product of axis lines, else None.
+
+    E.g. on 4x4x4 the ranks varying only in x ({0,1,2,3}) -> (0,); a 4x4 plane -> (0, 1); the
+    whole slice -> (0, 1, 2); ranks {0, 2} (half a line) -> None. DCN is axis ``slice.ndims``.
+    Axes of length 1 never appear; one rank -> ().
+    """
+    return _group_axes(slice_, _check_group(slice_, group))
+
+
+@lru_cache(maxsize=256)
+def _group_axes(slice_: Slice, ranks: tuple[int, ...]) -> tuple[int, ...] | None:
+    nodes = [node_of(slice_, r) for r in ranks]
+    ndims = slice_.ndims
+    columns = [{c[1][a] for c in nodes} for a in range(ndims)] + [{c[0] for c in nodes}]
+    sizes = list(slice_.dims) + [slice_.num_slices]
+    spanned = tuple(a for a in range(ndims + 1) if len(columns[a]) > 1)
+    if any(len(columns[a]) != sizes[a] for a in spanned):
+        return None
+    if math.prod(sizes[a] for a in spanned) != len(ranks):
+        return None
+    return spanned
+
+
+def resolve(slice_: Slice, kind: str, nbytes: float, axes=None, group=None) -> Request:
+    """Validate a collective call and describe its group (axes, or an irregular rank list)."""
+    if kind not in KINDS:
+        raise TpusimError(f"unknown collective {kind!r}: accepted {', '.join(KINDS)}")
+    try:
+        size = float(nbytes)
+    except (TypeError, ValueError):
+        raise TpusimError(f"bytes {nbytes!r}: expected a positive number of bytes") from None
+    if not size > 0 or math.isinf(size):
+        raise TpusimError(f"bytes {nbytes!r}: a collective moves a positive, finite number of bytes")
+    if axes is not None and group is not None:
+        raise TpusimError("give axes or group, not both")
+    if group is not None:
+        ranks = _check_group(slice_, group)
+        spanned = _group_axes(slice_, ranks)
+        root = node_of(slice_, ranks[0])
+        if spanned is None:
+            return Request(slice_, kind, size, (), root, tuple(node_of(slice_, r) for r in ranks), len(ranks))
+        return Request(slice_, kind, size, spanned, root, None, len(ranks))
+    if axes is None:
+        picked = tuple(range(slice_.ndims + (1 if slice_.num_slices > 1 else 0)))
+    else:
+        picked = parse_axes(slice_, axes)
+    sizes = list(slice_.dims) + [slice_.num_slices]
+    picked = tuple(a for a in picked if sizes[a] > 1)
+    return Request(slice_, kind, size, picked, (0, (0,) * slice_.ndims), None,
+                   math.prod(sizes[a] for a in picked))
+
+
+# ---- lines and rings -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Line:
+    """Nodes along one axis (or a logical ring over a rank list) with the channel paths between them.
+
+    ``cyclic``: a ring (wrapped axis, DCN, or a logical ring); otherwise a line whose ends are
+    not linked. ``fwd[i]`` is the path i -> i+1 and ``bwd[i]`` the path i -> i-1 (indices mod n
+    when cyclic; on a line ``fwd[n-1]`` and ``bwd[0]`` are empty). ``regular``: every fwd/bwd path
+    is one hop, so the hand-written closed forms apply. ``copies``: translates it stands for.
+    """
+
+    nodes: tuple[Node, ...]
+    cyclic: bool
+    fwd: tuple[Path, ...]
+    bwd: tuple[Path, ...]
+    regular: bool
+    copies: int
+    slice: Slice
+
+    @property
+    def n(self) -> int:
+        return len(self.nodes)
+
+    def walk(self, start: int, hops: int, direction: int) -> Path:
+        """Concatenated path from position ``start`` over ``hops`` fwd (+1) or bwd (-1) steps."""
+        out: list[ChannelKey] = []
+        i = start
+        for _ in range(hops):
+            out.extend(self.fwd[i] if direction > 0 else self.bwd[i])
+            i = (i + direction) % self.n
+        return tuple(out)
+
+    def path(self, i: int, j: int) -> Path:
+        """Path between two positions: along the line (no wrap) for lines, routed for logical rings."""
+        if i == j:
+            return ()
+        if not self.cyclic:
+            return self.walk(i, abs(j - i), 1 if j > i else -1)
+        return node_path(self.slice, self.nodes[i], self.nodes[j])
+
+
+def node_path(slice_: Slice, a: Node, b: Node) -> Path:
+    """ICI dimension-order route inside a slice; DCN egress -> ingress between slices."""
+    if a[0] != b[0]:
+        return dcn_path(a[0], a[1], b[0], b[1])
+    hop = _one_hop(slice_, a[1], b[1])
+    if hop is not None:
+        return ((a[0], a[1], hop[0], hop[1]),)
+    return ici_path(slice_, a[1], b[1], a[0])
+
+
+def _one_hop(slice_: Slice, a: Coord, b: Coord) -> tuple[int, int] | None:
+    """(axis, direction) when b is one hop from a along one axis (what ``route`` would take), else None:
+    a fast path for rings whose edges are mostly neighbours (snakes over 8960 chips)."""
+    if slice_.twisted:
+        return None
+    diff = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+    if len(diff) != 1:
+        return None
+    axis = diff[0]
+    n, d = slice_.dims[axis], b[axis] - a[axis]
+    if slice_.wrap[axis]:
+        d %= n
+        if 2 * d > n:
+            d -= n
+    return (axis, d) if abs(d) == 1 else None
+
+
+def axis_line(slice_: Slice, axis: int, through: Node, copies: int = 1) -> Line:
+    """The line (or ring, if the axis wraps) along ``axis`` through node ``through``."""
+    s, c = through
+    if axis == slice_.ndims:  # DCN: the same chip position in every slice, a ring over the datacenter
+        nodes = tuple((k, c) for k in range(slice_.num_slices))
+        n = len(nodes)
+        fwd = tuple(dcn_path(k, c, (k + 1) % n, c) for k in range(n))
+        bwd = tuple(dcn_path(k, c, (k - 1) % n, c) for k in range(n))
+        return Line(nodes, True, fwd, bwd, True, copies, slice_)
+    n = slice_.dims[axis]
+    nodes = tuple((s, c[:axis] + (i,) + c[axis + 1:]) for i in range(n))
+    cyclic = bool(slice_.wrap[axis]) and n > 1
+    fwd, bwd = [], []
+    for i in range(n):
+        fwd.append(_hop(slice_, nodes, i, (i + 1) % n, axis, 1, cyclic or i + 1 < n))
+        bwd.append(_hop(slice_, nodes, i, (i - 1) % n, axis, -1, cyclic or i > 0))
+    regular = all(len(p) == 1 for p in fwd + bwd if p) and not slice_.twisted
+    return Line(nodes, cyclic, tuple(fwd), tuple(bwd), regular, copies, slice_)
+
+
+def _hop(slice_: Slice, nodes, i: int, j: int, axis: int, direction: int, exists: bool) -> Path:
+    if not exists:
+        return ()
+    s, a = nodes[i]
+    b = nodes[j][1]
+    if slice_.neighbor(a, axis, direction) == b:
+        return ((s, a, axis, direction),)
+    return ici_path(slice_, a, b, s)  # twisted wrap: the ring does not close along the axis
+
+
+def ring_line(slice_: Slice, nodes: Sequence[Node], copies: int = 1) -> Line:
+    """A logical ring over nodes in the given order, each edge routed (irregular groups, snakes)."""
+    nodes = tuple(nodes)
+    n = len(nodes)
+    fwd = tuple(node_path(slice_, nodes[i], nodes[(i + 1) % n]) for i in range(n))
+    bwd = tuple(node_path(slice_, nodes[i], nodes[(i - 1) % n]) for i in range(n))
+    return Line(nodes, True, fwd, bwd, False, copies, slice_)
+
+
+def snake(slice_: Slice, axes: Sequence[int], through: Node) -> list[Node]:
+    """Nodes of the product of lines through ``through`` in boustrophedon order (first axis fastest),
+    so consecutive nodes are neighbours: a ring over several axes with one-hop edges but the last."""
+    order: list[Node] = [through]
+    s0 = through[0]
+    for axis in axes:
+        n = slice_.num_slices if axis == slice_.ndims else slice_.dims[axis]
+        grown: list[Node] = []
+        for i in range(n):
+            block = order if i % 2 == 0 else order[::-1]
+            for s, c in block:
+                if axis == slice_.ndims:
+                    grown.append((i if s0 == 0 else (s0 + i) % n, c))
+                else:
+                    grown.append((s, c[:axis] + (i,) + c[axis + 1:]))
+        order = grown
+    return order
+
+
+def lines_per_axis(req: Request, axis: int) -> int:
+    """How many translates of the line along ``axis`` make up the group."""
+    return req.group_size // req.size(axis)

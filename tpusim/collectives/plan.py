@@ -1,0 +1,238 @@
+"""A collective as data: phases of concurrent streams of bulk-synchronous steps of transfers.
+
+Every algorithm builds a ``Plan``; ``run_plan`` plays it on a ``Network`` (the DES) and
+``estimate`` prices it without contention inside one step (the generic alpha-beta used where no
+hand-written closed form exists: irregular groups, rings snaking over several axes, twisted tori).
+
+- ``Transfer``: bytes along an explicit channel path (one or more hops, or a DCN egress/ingress).
+- ``Step``: transfers that run at once; the step ends when the last one has arrived. ``repeat``
+  says the same step runs that many times back to back (ring steps are all alike).
+- ``Stream``: steps in order (one direction of one ring, one chain). ``copies`` is how many
+  identical translates of it the plan stands for (symmetry): they are not simulated, but count in
+  the bytes put on links.
+- ``Phase``: streams that run concurrently; the next phase starts when all have finished (a
+  barrier: RS on x, then RS on y ...).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tpusim.network import ChannelKey, Network
+
+SEND_BUDGET = 40_000        # transfers one DES run plays; more and ring steps are batched
+CHUNK_HOP_BUDGET = 400_000  # chunk-hops one DES run plays; more and the chunk size is raised
+
+
+@dataclass(frozen=True)
+class Transfer:
+    path: tuple[ChannelKey, ...]
+    nbytes: float
+
+
+@dataclass(frozen=True)
+class Step:
+    transfers: tuple[Transfer, ...]
+    repeat: int = 1
+
+
+@dataclass(frozen=True)
+class Stream:
+    steps: tuple[Step, ...]
+    copies: int = 1
+    chunk_hint: float | None = None    # finer chunks this stream wants (one-shot flows interleave)
+
+
+@dataclass(frozen=True)
+class Phase:
+    streams: tuple[Stream, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    phases: tuple[Phase, ...]
+    note: str = ""                          # what was simulated (symmetry), for the result
+    overhead_s: float = 0.0                 # fixed start-up cost of the collective
+
+    def link_bytes(self) -> float:
+        """Bytes x hops over all links, translates included."""
+        return sum(t.nbytes * len(t.path) * st.repeat * s.copies
+                   for p in self.phases for s in p.streams for st in s.steps for t in st.transfers)
+
+    def channel_bytes(self) -> dict[ChannelKey, float]:
+        """Bytes each simulated channel carries (one representative of each translate class)."""
+        out: dict[ChannelKey, float] = {}
+        for p in self.phases:
+            for s in p.streams:
+                for st in s.steps:
+                    for t in st.transfers:
+                        for k in t.path:
+                            out[k] = out.get(k, 0.0) + t.nbytes * st.repeat
+        return out
+
+    def sends(self) -> int:
+        return sum(len(st.transfers) * st.repeat for p in self.phases for s in p.streams for st in s.steps)
+
+
+@dataclass
+class Tuning:
+    """How a plan is played: chunk size and ring-step batching, raised to keep event counts bounded."""
+
+    chunk_bytes: float
+    batch: int = 1
+    scale: float = 1.0     # every chunk (hinted ones too) is multiplied by this to bound events
+    notes: list[str] = field(default_factory=list)
+
+    def chunk_for(self, stream: Stream) -> float:
+        base = min(self.chunk_bytes, stream.chunk_hint) if stream.chunk_hint else self.chunk_bytes
+        return base * self.scale
+
+
+def tune(plan: Plan, chunk_bytes: float) -> Tuning:
+    """Batch repeated steps and raise chunk sizes when the plan would play too many events.
+
+    Both are exact on an idle network: with cut-through the time of a transfer does not depend
+    on its chunk size, and g batched ring steps are one send of g shards plus (g-1) step latencies.
+    """
+    tuning = Tuning(chunk_bytes=float(chunk_bytes))
+    sends = plan.sends()
+    if sends > SEND_BUDGET:
+        tuning.batch = math.ceil(sends / SEND_BUDGET)
+        tuning.notes.append(f"ring steps batched {tuning.batch} at a time ({sends} sends)")
+    chunk_hops = 0.0
+    for p in plan.phases:
+        for s in p.streams:
+            chunk = tuning.chunk_for(s)
+            for st in s.steps:
+                runs = math.ceil(st.repeat / tuning.batch)
+                per = min(st.repeat, tuning.batch)
+                for t in st.transfers:
+                    chunk_hops += math.ceil(t.nbytes * per / chunk) * len(t.path) * runs
+    if chunk_hops > CHUNK_HOP_BUDGET:
+        tuning.scale = chunk_hops / CHUNK_HOP_BUDGET
+        tuning.notes.append(f"chunks {tuning.scale:.3g}x larger to bound events")
+    return tuning
+
+
+def run_plan(net: Network, plan: Plan, tuning: Tuning):
+    """simpy process body: the collective on ``net``; returns nothing (time is the clock)."""
+    env = net.env
+    if plan.overhead_s > 0:
+        yield env.timeout(plan.overhead_s)
+    for phase in plan.phases:
+        procs = [env.process(_run_stream(net, s, tuning)) for s in phase.streams]
+        if len(procs) == 1:
+            yield procs[0]
+        elif procs:
+            yield env.all_of(procs)
+
+
+def _run_stream(net: Network, stream: Stream, tuning: Tuning):
+    env = net.env
+    chunk = tuning.chunk_for(stream)
+    for st in stream.steps:
+        left = st.repeat
+        while left > 0:
+            g = min(left, tuning.batch)
+            left -= g
+            barrier = env.event()
+            pending = [len(st.transfers)]
+
+            def arrived(barrier=barrier, pending=pending) -> None:
+                pending[0] -= 1
+                if pending[0] == 0:
+                    barrier.succeed()
+
+            for t in st.transfers:
+                extra = (g - 1) * net.path_latency_s(t.path) if g > 1 else 0.0
+                net.start_flow(t.path, t.nbytes * g, arrived, extra, chunk)
+            if st.transfers:
+                yield barrier
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A closed-form time split into its latency and its byte-moving parts (seconds)."""
+
+    latency_s: float = 0.0
+    transfer_s: float = 0.0
+    overhead_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.latency_s + self.transfer_s + self.overhead_s
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.latency_s + other.latency_s, self.transfer_s + other.transfer_s,
+                     self.overhead_s + other.overhead_s)
+
+    def scaled(self, k: float) -> Cost:
+        return Cost(self.latency_s * k, self.transfer_s * k, self.overhead_s * k)
+
+
+def slowest(costs: Sequence[Cost]) -> Cost:
+    return max(costs, key=lambda c: c.total_s, default=Cost())
+
+
+def estimate(plan: Plan, bandwidth_of, latency_of) -> Cost:
+    """Generic alpha-beta price of a plan without a hand-written formula.
+
+    Per step: the slowest transfer's path latency plus its bytes times the most transfers that
+    share one of its channels (in this step, or in the overlapping steps of the phase's other
+    streams, assumed in lockstep), over the path's bandwidth. Steps add, streams of a phase
+    overlap (the slowest counts), phases add. Exact when no two transfers share a channel.
+    """
+    total = Cost(overhead_s=plan.overhead_s)
+    for phase in plan.phases:
+        ranges = []
+        for s in phase.streams:
+            i, r = 0, []
+            for st in s.steps:
+                use: dict[ChannelKey, int] = {}
+                for t in st.transfers:
+                    for k in t.path:
+                        use[k] = use.get(k, 0) + 1
+                r.append((i, i + st.repeat, st, use))
+                i += st.repeat
+            ranges.append(r)
+        costs = []
+        for si, r in enumerate(ranges):
+            cost = Cost()
+            for lo, hi, st, use in r:
+                shared = dict(use)
+                for sj, r2 in enumerate(ranges):
+                    if sj == si:
+                        continue
+                    extra: dict[ChannelKey, int] = {}
+                    for lo2, hi2, _st2, use2 in r2:
+                        if lo2 < hi and lo < hi2:
+                            for k, v in use2.items():
+                                if k in shared:
+                                    extra[k] = max(extra.get(k, 0), v)
+                    for k, v in extra.items():
+                        shared[k] += v
+                cost = cost + _step_cost(st, shared, bandwidth_of, latency_of).scaled(st.repeat)
+            costs.append(cost)
+        total = total + slowest(costs)
+    return total
+
+
+def _step_cost(st: Step, share: dict[ChannelKey, int], bandwidth_of, latency_of) -> Cost:
+    best = (0.0, 0.0, 0.0)  # (total, latency, transfer) of the slowest transfer
+    for t in st.transfers:
+        path = t.path
+        if not path:
+            continue
+        if len(path) == 1:
+            k = path[0]
+            n, lat, bw = share[k], latency_of(k), bandwidth_of(k)
+        else:
+            n = max(share[k] for k in path)
+            lat = sum(map(latency_of, path))
+            bw = min(map(bandwidth_of, path))
+        x = t.nbytes * n / bw
+        if lat + x > best[0]:
+            best = (lat + x, lat, x)
+    return Cost(best[1], best[2])

@@ -27,7 +27,7 @@ def _autoload() -> None:
 
 
 
-from tpusim.backend.device import register as _register
+from tpusim.backend.device import register as _register  # noqa: E402
 
 
 def _autoloading() -> bool:

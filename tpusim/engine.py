@@ -30,10 +30,13 @@ when the last member of its group arrives (members not in the trace are assumed 
 and mismatched collectives are reported with rank, seq and source line.
 
 **Policies** decide when work is issued and how ops are grouped (``QueuePolicy``:
-``prepare`` rewrites the record stream, ``dispatch_s`` prices the host side,
-``queue_depth`` bounds the queue, ``sync_each_op`` makes the host wait for each op).
-``STRICT`` (asynchronous, CUDA-like) is the default; ``DEBUG`` waits after every op. The
-eager-mode issue adds modes by subclassing ``QueuePolicy``.
+``prepare`` rewrites the record stream, ``plan`` does the same and returns statistics for
+``Timeline.meta``, ``dispatch_s`` prices the host side, ``queue_depth`` bounds the queue,
+``sync_each_op`` makes the host wait for each op). ``STRICT`` (asynchronous, CUDA-like) is
+the default; ``DEBUG`` waits after every op. These two are the bare queue behaviours; the
+eager modes users price (compile cache, debug checks, fusion) are in ``tpusim.modes``.
+A ``dispatch`` host record with reason ``compile`` is host time spent compiling a region:
+it is logged as kind ``compile`` and summed in ``Timeline.host_compile_s``.
 
 The result, ``Timeline``, is plain data (frozen dataclasses, tuples, dicts of numbers)
 that the report turns into JSON, HTML and Perfetto traces.
@@ -69,6 +72,14 @@ TRACKS = ("host", "tensorcore", "sparsecore", "ici", "pcie")
 
 # ---- policies ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class Plan:
+    """A policy's rewritten record stream plus what it wants reported (``Timeline.meta``)."""
+
+    records: tuple[Record, ...]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class QueuePolicy:
     """When the host issues work and how it is grouped; subclass to add an eager mode.
 
@@ -83,6 +94,10 @@ class QueuePolicy:
     def prepare(self, records: Sequence[Record], chip: ChipSpec) -> Sequence[Record]:
         """Rewrite the record stream before simulation (a fusing mode groups ops here)."""
         return records
+
+    def plan(self, records: Sequence[Record], chip: ChipSpec) -> Plan:
+        """``prepare`` plus statistics for ``Timeline.meta`` (a mode's compile cache, its fusion)."""
+        return Plan(tuple(self.prepare(records, chip)))
 
     def dispatch_s(self, record: Record, chip: ChipSpec) -> float:
         """Host time to issue one record."""
@@ -106,7 +121,8 @@ DEBUG = QueuePolicy("debug", queue_depth=1, sync_each_op=True)
 class Event:
     """One interval on one track of one chip. ``kind`` says what filled it:
     op, collective, wait (device blocked on a collective or async work), dispatch,
-    stall (host waiting for the device), transfer (host<->device copy), host (explicit host time)."""
+    stall (host waiting for the device), transfer (host<->device copy), host (explicit host time),
+    compile (host compiling a region on a compile-cache miss)."""
 
     start_s: float
     end_s: float
@@ -175,7 +191,8 @@ class Timeline:
     symmetric: bool                       # True: one chip stood for every rank (SPMD)
     policy: str
     kernels: int
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)   # the policy's Plan.meta (first simulated chip)
+    host_compile_s: float = 0.0                          # host time compiling regions (compile-cache misses)
 
     @property
     def peak_hbm_bytes(self) -> int:
@@ -191,6 +208,11 @@ class Timeline:
     def collective_s(self) -> float:
         """Time some collective was running (union over all collectives, per simulated chip, averaged)."""
         return self.busy_s.get("ici", 0.0)
+
+    @property
+    def hbm_bytes_moved(self) -> float:
+        """HBM bytes read + written by all kernels (per simulated chip, averaged)."""
+        return sum(e.bytes for e in self.events if e.kind == "op") / max(1, len(self.chips_simulated))
 
     def events_on(self, track: str, chip: int | None = None) -> list[Event]:
         return [e for e in self.events if e.track == track and (chip is None or e.chip == chip)]
@@ -344,7 +366,8 @@ class _Sim:
             memory={c.rank: c.hbm.result() for c in self.runners}, link_stats=link_stats,
             chips_simulated=tuple(c.rank for c in self.runners), world_size=self.world,
             symmetric=self.symmetric, policy=self.policy.name,
-            kernels=sum(1 for e in events if e.kind == "op"))
+            kernels=sum(1 for e in events if e.kind == "op"), meta=dict(rep.meta),
+            host_compile_s=host_sum("compile"))
 
 
 def _union_length(spans: list[tuple[float, float]]) -> float:
@@ -369,7 +392,9 @@ class _Chip:
         self.sim = sim
         self.env = sim.env
         self.rank = rank
-        self.records = sim.policy.prepare(records, sim.chip)
+        plan = sim.policy.plan(records, sim.chip)
+        self.records = plan.records
+        self.meta = plan.meta
         self.queue = simpy.Store(self.env, capacity=max(1, sim.policy.queue_depth))
         self.sparsecore = simpy.Resource(self.env, capacity=1)
         self.hbm = HbmTracker(sim.chip.hbm_bytes)
@@ -406,7 +431,8 @@ class _Chip:
                     self.log(start, "host", f"wait:{_name(rec)}", "stall", rec, bound=policy.name)
             elif isinstance(rec, HostRecord):
                 if rec.event == "dispatch":
-                    yield from self._dispatch(rec, policy.dispatch_s(rec, chip), kind="host")
+                    kind = "compile" if rec.reason == "compile" else "host"
+                    yield from self._dispatch(rec, policy.dispatch_s(rec, chip), kind=kind)
                     continue
                 start = env.now
                 fence = _Item("fence", rec, done=env.event(),
@@ -544,7 +570,7 @@ def _name(rec: Record | None) -> str:
     if isinstance(rec, CollectiveRecord):
         return rec.collective
     if isinstance(rec, HostRecord):
-        return rec.event
+        return f"{rec.event}:{rec.reason}" if rec.reason else rec.event
     return type(rec).__name__ if rec is not None else ""
 
 

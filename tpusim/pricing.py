@@ -3,22 +3,22 @@
     from tpusim.pricing import price
     timeline = price(trace, topology="3d:8x8x8", mode="fused")
 
-Modes are engine queue policies (``tpusim.engine.QueuePolicy``); adding one = one entry
-in ``MODES``.
+Modes are engine queue policies (``tpusim.modes``: debug, strict, fused); adding one =
+one entry in ``tpusim.modes.MODES``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from tpusim.engine import DEBUG, STRICT, QueuePolicy, Timeline, simulate
+from tpusim.engine import Timeline, simulate
 from tpusim.errors import TpusimError
+from tpusim.modes import DEFAULT_MODE, MODES
 from tpusim.spec import ChipSpec
 from tpusim.topology import Slice, build_slice
 from tpusim.trace import Trace
 
-MODES: dict[str, QueuePolicy] = {"debug": DEBUG, "strict": STRICT}
-DEFAULT_MODE = "strict"
+__all__ = ["DEFAULT_MODE", "MODES", "price", "resolve_modes", "single_chip_topology"]
 
 
 def resolve_modes(text: str) -> list[str]:

@@ -55,6 +55,15 @@ def add_parser(subparsers) -> None:
                              "machine; reading values is an error)")
     parser.add_argument("--out", metavar="DIR", help="report folder (default reports/<script>-<topology>-<time>)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines, only the final summary")
+    parser.add_argument("--ranks", choices=("auto", "one", "all"), default="auto",
+                        help="one: this process is rank 0 of the whole world (collectives by the symmetry "
+                             "rule); all: one process per chip, data really moves, hangs are diagnosed "
+                             "(auto: all for 2..16 chips when the script uses torch.distributed, else one)")
+    parser.add_argument("--placement", metavar="MAP",
+                        help="DeviceMesh dims -> torus axes, e.g. 'tp=x,fsdp=yz' (default: innermost dim on x, "
+                             "then y, z)")
+    parser.add_argument("--compare-placements", action="store_true",
+                        help="also price every distinct placement of the DeviceMesh, ranked by step time")
     parser.set_defaults(run=run, script_args=[])
 
 
@@ -127,15 +136,25 @@ def run(args: argparse.Namespace) -> int:
     backend = _import_backend()
     import torch
 
+    from tpusim.backend.distributed import runner
+    ranks = runner.resolve_ranks(args.ranks, slice_.total_chips, script)
     started = time.perf_counter()
-    with backend.recording() as recorder:
-        progress.watch(lambda: f"running {script.name}: {len(recorder.records)} records, "
-                               f"{time.perf_counter() - started:.0f} s", every_s=0.5 if progress.tty else 5.0)
-        try:
-            outcome = run_script(script, list(args.script_args))
-        finally:
-            progress.stop()
-    trace = dataclasses.replace(recorder.trace, world_size=slice_.total_chips)
+    if ranks == "all":
+        progress.say(f"--ranks all: {slice_.total_chips} processes, one per chip")
+        trace, outcome = runner.record_all(script, list(args.script_args), slice_.total_chips,
+                                           slice_.chip.chips_per_host, out_dir)
+    else:
+        runner.prepare_one(slice_.total_chips, slice_.chip.chips_per_host)
+        with backend.recording() as recorder:
+            progress.watch(lambda: f"running {script.name}: {len(recorder.records)} records, "
+                                   f"{time.perf_counter() - started:.0f} s", every_s=0.5 if progress.tty else 5.0)
+            try:
+                outcome = run_script(script, list(args.script_args))
+            finally:
+                progress.stop()
+        trace = runner.ranks_one_meta(dataclasses.replace(recorder.trace, world_size=slice_.total_chips))
+    from tpusim.placement import apply_placement
+    trace = apply_placement(trace, slice_, args.placement)
     if outcome.error:
         print(outcome.error, file=sys.stderr, end="")
     progress.say(f"recorded {len(trace.records)} records in {time.perf_counter() - started:.1f} s; "
@@ -172,8 +191,13 @@ def _price_and_report(trace, slice_, modes, script, args, outcome, torch_version
                    error_traceback=outcome.error)
     fastest = min(timelines.values(), key=lambda t: t.total_s)
     report = build_report(info, trace, slice_, timelines, lint(trace, slice_.chip, fastest))
+    from tpusim.placement import format_placements, report_sections
+    fastest_mode = next(m for m, t in timelines.items() if t is fastest)
+    report.update(report_sections(trace, slice_, args.compare_placements,
+                                  lambda t, s: price(t, topology=s, mode=fastest_mode)))
     out_dir.mkdir(parents=True, exist_ok=True)
     write_trace(trace, out_dir / "program.jsonl")
     write_report(out_dir, report, timelines)
     print(summary_table(report, str(out_dir)))
+    print(format_placements(report), end="")
     return out_dir

@@ -19,11 +19,21 @@ Schema ``tpusim-report`` version 1::
       device_s                 device timeline split: mxu, vpu, transcendental, hbm, sparsecore,
                                launch (op time by the term that bound it), collective_exposed,
                                idle; they sum to total_s (per simulated chip)
-      host_s                   host timeline split: dispatch, stall, transfer
+      host_s                   host timeline split: dispatch (incl. fused window recording and
+                               debug's result read-back), stall, transfer, compile (cache misses)
       collective_overlapped_s  collective time hidden under compute
       mxu_utilisation          useful MXU FLOPs / (time in MXU kernels x bf16 peak)
       mfu                      model FLOPs / (total_s x bf16 peak)
       kernels                  kernels launched
+      hbm_bytes_moved          HBM bytes read + written by all kernels (fused: only values that
+                               enter or leave a kernel)
+      compile_cache            regions (kernel launches looked up), hits, misses, compile_s (misses x
+                               chip compile_s), recompile_count, recompiles: [{seq, source, op,
+                               old_shapes, new_shapes}] (first RECOMPILES_LISTED; a recompile is a
+                               miss at a known source position with new shapes)
+      fusion                   fused only, else null: ops (in windows), kernels, windows, cuts
+                               {reason: count}, onchip_bytes (intermediate writes + reads kept on
+                               chip), reused_bytes, spilled_bytes (over VMEM, counted as HBM)
       hbm                      peak_bytes, capacity_bytes, peak_fraction
       top_ops                  [{op, source, count, seconds, flops, bytes, bound}] by seconds
       collectives              [{seq, kind, bytes, group_size, axes, algorithm, reason,
@@ -51,6 +61,7 @@ from tpusim.trace import CollectiveRecord, HostRecord, OpRecord, StepMarker, Tra
 SCHEMA = "tpusim-report"
 SCHEMA_VERSION = 1
 TOP_OPS = 20
+RECOMPILES_LISTED = 20
 DEVICE_TERMS = ("mxu", "vpu", "transcendental", "hbm", "sparsecore", "launch")
 
 
@@ -122,11 +133,14 @@ def mode_report(timeline: Timeline, trace: Trace, chip: ChipSpec) -> dict[str, A
         "step_time_median_s": median(after_first) if after_first else (steps[0] if steps else timeline.total_s),
         "device_s": device,
         "host_s": {"dispatch": timeline.host_dispatch_s / chips, "stall": timeline.host_stall_s / chips,
-                   "transfer": timeline.host_transfer_s / chips},
+                   "transfer": timeline.host_transfer_s / chips, "compile": timeline.host_compile_s / chips},
         "collective_overlapped_s": max(0.0, timeline.collective_s - exposed),
         "mxu_utilisation": mxu_utilisation(trace, chip),
         "mfu": model_flops / (timeline.total_s * chip.peak_bf16_flops_per_s) if timeline.total_s else 0.0,
         "kernels": timeline.kernels,
+        "hbm_bytes_moved": timeline.hbm_bytes_moved,
+        "compile_cache": compile_cache(timeline),
+        "fusion": timeline.meta.get("fusion"),
         "hbm": {"peak_bytes": timeline.peak_hbm_bytes, "capacity_bytes": chip.hbm_bytes,
                 "peak_fraction": timeline.peak_hbm_bytes / chip.hbm_bytes},
         "top_ops": top_ops(timeline),
@@ -145,6 +159,16 @@ def mxu_utilisation(trace: Trace, chip: ChipSpec) -> float:
             flops += cost.flops
             seconds += cost.seconds
     return flops / (seconds * chip.peak_bf16_flops_per_s) if seconds else 0.0
+
+
+def compile_cache(timeline: Timeline) -> dict[str, Any] | None:
+    """The mode's compile-cache figures (None for a policy without a cache)."""
+    stats = timeline.meta.get("compile_cache")
+    if stats is None:
+        return None
+    return {"regions": stats.regions, "hits": stats.hits, "misses": stats.misses, "compile_s": stats.compile_s,
+            "recompile_count": len(stats.recompiles),
+            "recompiles": [asdict(r) for r in stats.recompiles[:RECOMPILES_LISTED]]}
 
 
 def top_ops(timeline: Timeline) -> list[dict[str, Any]]:

@@ -1,10 +1,17 @@
-"""The table `tpusim run` prints at the end: one column per eager mode."""
+"""The table `tpusim run` prints at the end: one column per eager mode, then recompiles by source line."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from tpusim.units import format_bytes, format_seconds
+
+RECOMPILES_SHOWN = 5
+
+
+def _cache(mode: dict[str, Any]) -> dict[str, Any]:
+    """A mode's compile-cache entry; reports written before the cache existed have none."""
+    return mode.get("compile_cache") or {"hits": 0, "misses": 0, "recompile_count": 0, "recompiles": []}
 
 
 def summary_table(report: dict[str, Any], out_dir: str) -> str:
@@ -17,6 +24,10 @@ def summary_table(report: dict[str, Any], out_dir: str) -> str:
         ("kernels", [str(modes[m]["kernels"]) for m in names]),
         ("host dispatch", [format_seconds(modes[m]["host_s"]["dispatch"]) for m in names]),
         ("host stall", [format_seconds(modes[m]["host_s"]["stall"]) for m in names]),
+        ("host compile", [format_seconds(modes[m]["host_s"].get("compile", 0.0)) for m in names]),
+        ("compile hits/misses", [f"{_cache(modes[m])['hits']}/{_cache(modes[m])['misses']}" for m in names]),
+        ("recompiles", [str(_cache(modes[m])["recompile_count"]) for m in names]),
+        ("HBM bytes moved", [format_bytes(modes[m].get("hbm_bytes_moved", 0)) for m in names]),
         ("collectives exposed", [format_seconds(modes[m]["device_s"]["collective_exposed"]) for m in names]),
         ("MXU utilisation", [f"{modes[m]['mxu_utilisation']:.1%}" for m in names]),
         ("MFU", [f"{modes[m]['mfu']:.1%}" for m in names]),
@@ -32,9 +43,24 @@ def summary_table(report: dict[str, Any], out_dir: str) -> str:
              " " * label_width + "  " + "  ".join(m.rjust(w) for m, w in zip(names, widths))]
     lines += [label.ljust(label_width) + "  " + "  ".join(v.rjust(w) for v, w in zip(values, widths))
               for label, values in rows]
+    lines += recompile_lines(modes)
     for warning in report["warnings"]:
         lines.append(f"warning: {warning['message']}" + (f" ({warning['source']})" if warning.get("source") else ""))
     if not report["complete"]:
         lines.append(f"INCOMPLETE: the script raised {report['error']['type']}; the report covers what ran before")
     lines.append(f"report: {out_dir}/report.html (report.json, trace.json for ui.perfetto.dev)")
     return "\n".join(lines)
+
+
+def recompile_lines(modes: dict[str, Any]) -> list[str]:
+    """One line per distinct recompile (source, op, shapes), naming the modes that hit it."""
+    seen: dict[tuple, list[str]] = {}
+    for name, mode in modes.items():
+        for r in _cache(mode)["recompiles"]:
+            key = (r["source"] or "no source", r["op"], str(r["old_shapes"]), str(r["new_shapes"]))
+            seen.setdefault(key, []).append(name)
+    lines = [f"recompile: {src}: {op} {old} -> {new} ({', '.join(names)})"
+             for (src, op, old, new), names in list(seen.items())[:RECOMPILES_SHOWN]]
+    if len(seen) > RECOMPILES_SHOWN:
+        lines.append(f"... and {len(seen) - RECOMPILES_SHOWN} more recompiles (report.json modes.*.compile_cache)")
+    return lines

@@ -56,3 +56,4 @@ from tpusim.backend.recorder import Recording, recording, start, step, stop  # n
 __all__ = ["Recording", "TpuFloat64Warning", "non_native_ops", "recording", "start", "step", "stop"]
 
 
+from tpusim.backend.compile import compile_stats, dump_stablehlo  # noqa: E402,F401  (torch.compile backend="tpu")

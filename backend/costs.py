@@ -1,0 +1,260 @@
+"""Cost rules per op family: which TPU unit runs an op, its FLOPs, transcendentals and bytes.
+
+Families: matmuls and convolutions (implicit GEMM) on the MXU; gathers/scatters/embeddings on
+the SparseCore; copies and concatenation on DMA; everything else elementwise or reduction on the
+VPU, with transcendental counts (exp, log, tanh, ...) for the ops that need them. Adding an op's
+rule = one entry in one of the tables below (or one function in ``_MXU`` / ``_SPARSE``).
+Bytes are logical (numel x itemsize) of the tensors an op reads and writes; gathers read only
+the rows they fetch, not the whole table.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Cost:
+    unit: str
+    flops: float = 0.0
+    transcendentals: float = 0.0
+    matmul: tuple[int, int, int, int] | None = None
+    bytes_read: float | None = None      # None: all inputs
+    bytes_written: float | None = None   # None: all outputs
+
+
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _numel(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
+# ---------------------------------------------------------------- MXU: matmuls and convolutions
+
+def _mm(ins: list, outs: list, args: tuple) -> Cost:
+    a, b = args[0], args[1]
+    m, k = a.shape
+    n = b.shape[1]
+    return Cost("mxu", 2.0 * m * k * n, matmul=(1, m, k, n))
+
+
+def _addmm(ins: list, outs: list, args: tuple) -> Cost:
+    a, b = args[1], args[2]
+    m, k = a.shape
+    n = b.shape[1]
+    return Cost("mxu", 2.0 * m * k * n + m * n, matmul=(1, m, k, n))
+
+
+def _bmm(ins: list, outs: list, args: tuple) -> Cost:
+    a, b = args[0], args[1]
+    bt, m, k = a.shape
+    n = b.shape[2]
+    return Cost("mxu", 2.0 * bt * m * k * n, matmul=(bt, m, k, n))
+
+
+def _baddbmm(ins: list, outs: list, args: tuple) -> Cost:
+    a, b = args[1], args[2]
+    bt, m, k = a.shape
+    n = b.shape[2]
+    return Cost("mxu", 2.0 * bt * m * k * n + bt * m * n, matmul=(bt, m, k, n))
+
+
+def _mv(ins: list, outs: list, args: tuple) -> Cost:
+    a = args[0] if args[0].dim() == 2 else args[1]
+    m, k = a.shape
+    return Cost("mxu", 2.0 * m * k, matmul=(1, m, k, 1))
+
+
+def _dot(ins: list, outs: list, args: tuple) -> Cost:
+    k = args[0].numel()
+    return Cost("mxu", 2.0 * k, matmul=(1, 1, k, 1))
+
+
+def _conv_dims(inp: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, transposed: bool,
+               groups: int) -> tuple[int, int, int, int]:
+    """Implicit GEMM (groups, M, K, N) of a convolution."""
+    spatial_k = _numel(weight.shape[2:])
+    if not transposed:
+        m = out.shape[0] * _numel(out.shape[2:])
+        k = weight.shape[1] * spatial_k
+        n = weight.shape[0] // groups
+    else:  # each input element is scattered through the kernel
+        m = inp.shape[0] * _numel(inp.shape[2:])
+        k = weight.shape[0] // groups
+        n = weight.shape[1] * spatial_k
+    return groups, m, k, n
+
+
+def _conv(ins: list, outs: list, args: tuple) -> Cost:
+    inp, weight = args[0], args[1]
+    transposed, groups = bool(args[6]), int(args[8])
+    g, m, k, n = _conv_dims(inp, weight, outs[0], transposed, groups)
+    return Cost("mxu", 2.0 * g * m * k * n, matmul=(g, m, k, n))
+
+
+def _conv_backward(ins: list, outs: list, args: tuple) -> Cost:
+    grad_out, inp, weight = args[0], args[1], args[2]
+    transposed, groups = bool(args[6]), int(args[8])
+    mask = args[9] if len(args) > 9 else (True, True, True)
+    out_like = grad_out
+    g, m, k, n = _conv_dims(inp, weight, out_like, transposed, groups)
+    gemms = int(bool(mask[0])) + int(bool(mask[1]))
+    return Cost("mxu", 2.0 * g * m * k * n * gemms, matmul=(g * max(gemms, 1), m, k, n))
+
+
+def _sdpa(ins: list, outs: list, args: tuple) -> Cost:
+    q, k, v = args[0], args[1], args[2]
+    *lead, s, d = q.shape
+    t, dv = k.shape[-2], v.shape[-1]
+    bh = _numel(lead)
+    return Cost("mxu", 2.0 * bh * s * t * (d + dv) + 5.0 * bh * s * t, transcendentals=float(bh * s * t),
+                matmul=(bh, s, d, t))
+
+
+def _sdpa_backward(ins: list, outs: list, args: tuple) -> Cost:
+    q, k, v = args[1], args[2], args[3]
+    *lead, s, d = q.shape
+    t, dv = k.shape[-2], v.shape[-1]
+    bh = _numel(lead)
+    return Cost("mxu", 2.0 * 2.0 * bh * s * t * (d + dv) + 5.0 * bh * s * t, transcendentals=float(bh * s * t),
+                matmul=(4 * bh, s, d, t))
+
+
+_MXU: dict[str, Callable[[list, list, tuple], Cost]] = {
+    "mm": _mm, "addmm": _addmm, "_addmm_activation": _addmm, "bmm": _bmm, "baddbmm": _baddbmm, "mv": _mv,
+    "addmv": lambda i, o, a: _mv(i, o, a[1:]), "dot": _dot, "vdot": _dot,
+    "convolution": _conv, "convolution_overrideable": _conv, "_convolution": _conv,
+    "convolution_backward": _conv_backward, "convolution_backward_overrideable": _conv_backward,
+    "_scaled_dot_product_flash_attention_for_cpu": _sdpa,
+    "_scaled_dot_product_fused_attention_overrideable": _sdpa,
+    "_scaled_dot_product_flash_attention_for_cpu_backward": _sdpa_backward,
+    "_scaled_dot_product_fused_attention_overrideable_backward": _sdpa_backward,
+}
+
+
+# ---------------------------------------------------------------- SparseCore: gathers and scatters
+
+def _gather_like(ins: list, outs: list, args: tuple) -> Cost:
+    """Reads the fetched rows (= the output) and the indices, writes the output."""
+    out = sum(nbytes(o) for o in outs if o is not None)
+    index = sum(nbytes(t) for t in ins if t.dtype in (torch.int64, torch.int32))
+    return Cost("sparsecore", 0.0, bytes_read=out + index, bytes_written=out)
+
+
+def _embedding_bag(ins: list, outs: list, args: tuple) -> Cost:
+    weight, indices = args[0], args[1]
+    dim = weight.shape[1]
+    looked_up = indices.numel() * dim
+    index = sum(nbytes(t) for t in ins if t.dtype in (torch.int64, torch.int32))
+    return Cost("sparsecore", float(looked_up), bytes_read=looked_up * weight.element_size() + index,
+                bytes_written=nbytes(outs[0]))
+
+
+def _scatter_like(ins: list, outs: list, args: tuple) -> Cost:
+    """Reads the source values and indices, writes that many elements of the destination."""
+    src = [t for t in ins[1:] if t.dtype not in (torch.int64, torch.int32)]
+    index = sum(nbytes(t) for t in ins if t.dtype in (torch.int64, torch.int32))
+    moved = sum(nbytes(t) for t in src) if src else sum(nbytes(o) for o in outs if o is not None)
+    elems = sum(t.numel() for t in src)
+    return Cost("sparsecore", float(elems), bytes_read=moved + index, bytes_written=moved)
+
+
+_SPARSE: dict[str, Callable[[list, list, tuple], Cost]] = {
+    "embedding": _gather_like, "index_select": _gather_like, "gather": _gather_like, "index": _gather_like,
+    "_unsafe_index": _gather_like, "take": _gather_like, "masked_select": _gather_like,
+    "_embedding_bag": _embedding_bag, "_embedding_bag_forward_only": _embedding_bag,
+    "embedding_bag": _embedding_bag,
+    "embedding_dense_backward": _scatter_like, "_embedding_bag_backward": _scatter_like,
+    "_embedding_bag_dense_backward": _scatter_like, "_embedding_bag_per_sample_weights_backward": _scatter_like,
+    "scatter": _scatter_like, "scatter_add": _scatter_like, "scatter_reduce": _scatter_like,
+    "index_add": _scatter_like, "index_put": _scatter_like, "_index_put_impl": _scatter_like,
+    "index_copy": _scatter_like, "index_fill": _scatter_like, "masked_scatter": _scatter_like,
+    "_unsafe_index_put": _scatter_like, "embedding_renorm": _scatter_like,
+}
+
+# ---------------------------------------------------------------- DMA: data movement
+
+_DMA = frozenset({"copy", "_copy_from", "_copy_from_and_resize", "clone", "_to_copy", "cat", "stack",
+                  "fill", "zero", "zeros_like", "constant_pad_nd", "repeat", "flip", "roll", "narrow_copy",
+                  "split_with_sizes_copy", "unbind_copy", "as_strided_copy", "expand_copy", "permute_copy",
+                  "tril", "triu", "lift_fresh_copy", "alias_copy", "view_copy", "_reshape_copy"})
+
+
+
+def is_data_movement(name: str) -> bool:
+    """Copies, fills and concatenations: DMA work, no arithmetic."""
+    return base_name(name) in _DMA
+
+
+# ---------------------------------------------------------------- VPU: elementwise and reductions
+
+# transcendental operations per output element
+_TRANSCENDENTAL: dict[str, float] = {
+    "exp": 1, "exp2": 1, "expm1": 1, "log": 1, "log2": 1, "log10": 1, "log1p": 1, "tanh": 1, "sigmoid": 1,
+    "gelu": 1, "gelu_backward": 2, "silu": 1, "silu_backward": 1, "sin": 1, "cos": 1, "tan": 1, "asin": 1,
+    "acos": 1, "atan": 1, "atan2": 1, "sinh": 1, "cosh": 1, "asinh": 1, "acosh": 1, "atanh": 1, "erf": 1,
+    "erfc": 1, "erfinv": 1, "rsqrt": 1, "sqrt": 1, "pow": 2, "softplus": 2, "softplus_backward": 1,
+    "elu": 1, "elu_backward": 1, "selu": 1, "celu": 1, "mish": 3, "mish_backward": 3, "log_sigmoid_forward": 2,
+    "log_sigmoid_backward": 1, "reciprocal": 1, "_softmax": 1, "_log_softmax": 1, "logsumexp": 1,
+    "_log_softmax_backward_data": 1, "binary_cross_entropy_with_logits": 2, "binary_cross_entropy": 1,
+    "logit": 1, "xlogy": 1, "special_xlog1py": 1, "lgamma": 1, "digamma": 1, "polygamma": 1, "sinc": 1,
+    "native_dropout": 0, "bernoulli": 1, "normal": 2, "uniform": 0, "exponential": 1,
+}
+# floating-point operations per output element, where not 1
+_FLOPS_PER_ELEMENT: dict[str, float] = {
+    "native_layer_norm": 8, "native_layer_norm_backward": 12, "native_batch_norm": 8,
+    "_native_batch_norm_legit": 8, "_native_batch_norm_legit_no_training": 4, "native_batch_norm_backward": 12,
+    "native_group_norm": 8, "native_group_norm_backward": 12, "_fused_rms_norm": 6, "gelu": 8,
+    "gelu_backward": 12, "silu": 4, "silu_backward": 6, "sigmoid": 4, "tanh": 4, "_softmax": 5,
+    "_log_softmax": 5, "_softmax_backward_data": 4, "_log_softmax_backward_data": 4, "addcmul": 2,
+    "addcdiv": 2, "lerp": 3, "mse_loss": 3, "_fused_adam": 16, "_fused_adamw": 17,
+}
+_REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "var", "std", "var_mean", "std_mean",
+                         "norm", "linalg_vector_norm", "prod", "argmax", "argmin", "logsumexp", "all", "any",
+                         "nll_loss_forward", "nll_loss2d_forward", "cumsum", "cumprod", "_softmax",
+                         "_log_softmax", "native_layer_norm", "native_batch_norm", "_native_batch_norm_legit",
+                         "mse_loss", "binary_cross_entropy_with_logits", "count_nonzero", "aminmax"})
+
+
+def base_name(name: str) -> str:
+    """"aten::add_" -> "add" (in-place and out variants share a rule)."""
+    short = name[6:] if name.startswith("aten::") else name
+    if short.endswith("_") and not short.endswith("__"):
+        short = short[:-1]
+    return short
+
+
+def op_cost(name: str, ins: list[torch.Tensor], outs: list[torch.Tensor], args: tuple) -> Cost:
+    """The cost of one op from its (device) inputs, outputs and arguments."""
+    short = base_name(name)
+    rule = _MXU.get(short)
+    if rule is not None:
+        try:
+            return rule(ins, outs, args)
+        except (AttributeError, IndexError, TypeError, ValueError):
+            return Cost("mxu")
+    rule = _SPARSE.get(short)
+    if rule is not None:
+        try:
+            return rule(ins, outs, args)
+        except (AttributeError, IndexError, TypeError, ValueError):
+            return Cost("sparsecore")
+    if short in _DMA or short.startswith("_foreach_copy"):
+        return Cost("dma")
+    if short in _REDUCTIONS:
+        elements = max((t.numel() for t in ins), default=0)
+    else:
+        elements = max((t.numel() for t in outs if t is not None), default=0)
+        if not elements:
+            elements = max((t.numel() for t in ins), default=0)
+    if short.startswith("_foreach_"):
+        elements = sum(t.numel() for t in outs if t is not None) or sum(t.numel() for t in ins)
+        short = short[len("_foreach_"):]
+    flops = elements * _FLOPS_PER_ELEMENT.get(short, 1.0)
+    return Cost("vpu", float(flops), float(elements * _TRANSCENDENTAL.get(short, 0.0)))

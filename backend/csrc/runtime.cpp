@@ -1,0 +1,437 @@
+// Runtime of the "tpu" device: simulated-HBM allocator, device guard, streams/events, hooks,
+// generators. Modelled on PyTorch's OpenReg (test/cpp_extensions/open_registration_extension).
+#include "tpu_shim.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace tpusim {
+
+Config& config() {
+  static Config c;
+  return c;
+}
+
+// ---------------------------------------------------------------- allocator
+
+namespace {
+
+struct Block {
+  int64_t id;
+  size_t bytes;
+  c10::DeviceIndex device;
+  void* owned;                                    // from aligned_alloc, or null
+  c10::intrusive_ptr<c10::StorageImpl> adopted;   // host storage we took over, or null
+};
+
+std::mutex g_mu;
+std::array<DeviceStats, kMaxDevices> g_stats;
+std::atomic<int64_t> g_next_id{1};
+std::atomic<bool> g_log_on{false};
+std::vector<MemEvent> g_log;
+
+std::string format_size(int64_t bytes) {
+  char buf[64];
+  const double b = static_cast<double>(bytes);
+  if (bytes < 1024) {
+    std::snprintf(buf, sizeof buf, "%lld bytes", static_cast<long long>(bytes));
+  } else if (bytes < (1LL << 20)) {
+    std::snprintf(buf, sizeof buf, "%.2f KiB", b / 1024.0);
+  } else if (bytes < (1LL << 30)) {
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1 << 20));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
+  }
+  return buf;
+}
+
+// Count `bytes` against the device's HBM; raise torch.OutOfMemoryError like CUDA does.
+void charge(c10::DeviceIndex device, size_t bytes, int64_t id) {
+  const auto& cfg = config();
+  int64_t in_use = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto& s = g_stats[device];
+    if (cfg.hbm_bytes <= 0 || s.allocated + static_cast<int64_t>(bytes) <= cfg.hbm_bytes) {
+      s.allocated += bytes;
+      s.peak = std::max(s.peak, s.allocated);
+      s.allocations += 1;
+      s.allocated_total += bytes;
+      s.live_blocks += 1;
+      if (g_log_on.load(std::memory_order_relaxed)) {
+        g_log.push_back({true, id, static_cast<int64_t>(bytes), device});
+      }
+      return;
+    }
+    in_use = s.allocated;
+  }
+  const int64_t cap = cfg.hbm_bytes;
+  TORCH_CHECK_WITH(OutOfMemoryError, false, "TPU out of memory. Tried to allocate ", format_size(bytes),
+                   ". tpu:", static_cast<int>(device), " (simulated ", cfg.chip_display,
+                   ") has a total HBM capacity of ", format_size(cap), " of which ",
+                   format_size(cap - in_use), " is free. ", format_size(in_use),
+                   " is allocated by tensors on this device. The capacity is the HBM of chip '", cfg.chip,
+                   "' (set TPUSIM_CHIP to simulate another chip, or TPUSIM_HBM_BYTES to override the "
+                   "capacity).");
+}
+
+void release(const Block* b) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto& s = g_stats[b->device];
+  s.allocated -= b->bytes;
+  s.frees += 1;
+  s.live_blocks -= 1;
+  if (g_log_on.load(std::memory_order_relaxed)) {
+    g_log.push_back({false, b->id, static_cast<int64_t>(b->bytes), b->device});
+  }
+}
+
+void delete_block(void* ctx) {
+  auto* b = static_cast<Block*>(ctx);
+  release(b);
+  if (b->owned != nullptr) {
+    std::free(b->owned);
+  }
+  delete b;
+}
+
+c10::DataPtr make_block(size_t nbytes, c10::DeviceIndex device, c10::intrusive_ptr<c10::StorageImpl> adopted) {
+  check_device_index(device);
+  const int64_t id = g_next_id.fetch_add(1);
+  charge(device, nbytes, id);
+  auto* b = new Block{id, nbytes, device, nullptr, std::move(adopted)};
+  void* data = nullptr;
+  if (b->adopted) {
+    data = b->adopted->mutable_data();
+  } else if (nbytes > 0 && !config().no_data) {
+    b->owned = std::aligned_alloc(64, (nbytes + 63) / 64 * 64);
+    if (b->owned == nullptr) {
+      release(b);
+      delete b;
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "tpusim: the host is out of memory allocating ",
+                       format_size(nbytes), " of simulated HBM for tpu:", static_cast<int>(device),
+                       " (TPUSIM_NUMERICS=off runs shapes only, without host memory)");
+    }
+    data = b->owned;
+  }
+  return {data, b, &delete_block, c10::Device(c10::DeviceType::PrivateUse1, device)};
+}
+
+struct DeviceAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override { return make_block(nbytes, current_device(), {}); }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dst, const void* src, std::size_t count) const override {
+    if (count > 0 && dst != nullptr && src != nullptr) {
+      std::memcpy(dst, src, count);
+    }
+  }
+};
+
+DeviceAllocator g_allocator;
+
+}  // namespace
+
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator);
+
+c10::Allocator* device_allocator() { return &g_allocator; }
+
+c10::DataPtr allocate_on(size_t nbytes, c10::DeviceIndex device) { return make_block(nbytes, device, {}); }
+
+c10::DataPtr adopt_host_storage(c10::intrusive_ptr<c10::StorageImpl> host, size_t nbytes, c10::DeviceIndex device) {
+  return make_block(nbytes, device, std::move(host));
+}
+
+int64_t storage_id(const c10::StorageImpl* storage) {
+  const auto& dp = storage->data_ptr();
+  if (dp.get_deleter() != &delete_block) {
+    return -1;
+  }
+  return static_cast<const Block*>(dp.get_context())->id;
+}
+
+DeviceStats stats(c10::DeviceIndex device) {
+  check_device_index(device);
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_stats[device];
+}
+
+void reset_peak(c10::DeviceIndex device) {
+  check_device_index(device);
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_stats[device].peak = g_stats[device].allocated;
+}
+
+void set_memory_log(bool on) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_log_on = on;
+  if (!on) {
+    g_log.clear();
+  }
+}
+
+std::vector<MemEvent> drain_memory_log() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  std::vector<MemEvent> out;
+  out.swap(g_log);
+  return out;
+}
+
+void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes) {
+  TORCH_CHECK(storage->resizable(), "Trying to resize storage that is not resizable");
+  const auto old = storage->nbytes();
+  const c10::DeviceIndex device = storage->device().index() >= 0 ? storage->device().index() : current_device();
+  c10::DataPtr fresh = make_block(nbytes, device, {});
+  const void* src = storage->data();
+  if (fresh.get() != nullptr && src != nullptr) {
+    std::memcpy(fresh.get(), src, std::min<size_t>(old, nbytes));
+  }
+  storage->set_data_ptr_noswap(std::move(fresh));
+  storage->set_nbytes(nbytes);
+}
+
+// ---------------------------------------------------------------- pinned host memory
+
+namespace {
+
+std::mutex g_pinned_mu;
+std::unordered_set<const void*> g_pinned;
+
+void delete_pinned(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    g_pinned.erase(p);
+  }
+  std::free(p);
+}
+
+struct PinnedAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* p = nbytes ? std::aligned_alloc(64, (nbytes + 63) / 64 * 64) : nullptr;
+    if (p != nullptr) {
+      std::lock_guard<std::mutex> lock(g_pinned_mu);
+      g_pinned.insert(p);
+    }
+    return {p, p, &delete_pinned, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_pinned; }
+  void copy_data(void* dst, const void* src, std::size_t count) const override { std::memcpy(dst, src, count); }
+};
+
+PinnedAllocator g_pinned_allocator;
+
+}  // namespace
+
+// ---------------------------------------------------------------- devices, streams, events
+
+namespace {
+
+thread_local c10::DeviceIndex t_device = 0;
+thread_local std::array<c10::StreamId, kMaxDevices> t_stream{};  // 0 = default stream
+std::atomic<c10::StreamId> g_next_stream{1};
+constexpr c10::StreamId kPoolSize = 32;
+
+struct TpuEvent {
+  bool recorded = false;
+  std::chrono::steady_clock::time_point when;
+  c10::DeviceIndex device = 0;
+};
+
+// Execution is synchronous on the simulator target: every stream is always idle, so waits are
+// no-ops and events only carry a timestamp (elapsed_time works).
+struct Guard final : c10::impl::DeviceGuardImplInterface {
+  static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
+
+  c10::DeviceType type() const override { return kType; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    auto old = getDevice();
+    if (d.index() >= 0 && d.index() != old.index()) {
+      setDevice(d);
+    }
+    return old;
+  }
+  c10::Device getDevice() const override { return {kType, t_device}; }
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == kType, "tpusim: expected a tpu device, got ", d);
+    if (d.index() >= 0) {
+      check_device_index(d.index());
+      t_device = d.index();
+    }
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.index() >= 0 && d.index() < config().device_count) {
+      t_device = d.index();
+    }
+  }
+  c10::Stream getStream(c10::Device d) const override {
+    const auto i = d.index() >= 0 ? d.index() : t_device;
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kType, i), t_stream[i]);
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(kType, d.index() >= 0 ? d.index() : t_device));
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool /*isHighPriority*/) const override {
+    const auto id = 1 + (g_next_stream.fetch_add(1) % kPoolSize);
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kType, d.index() >= 0 ? d.index() : t_device), id);
+  }
+  c10::Stream getNewStream(c10::Device d, int /*priority*/) const override {
+    const auto id = kPoolSize + g_next_stream.fetch_add(1);
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kType, d.index() >= 0 ? d.index() : t_device), id);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    auto old = getStream(s.device());
+    t_stream[s.device_index()] = s.id();
+    return old;
+  }
+  c10::DeviceIndex deviceCount() const noexcept override { return config().device_count; }
+
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
+              const c10::EventFlag /*flag*/) const override {
+    if (*event == nullptr) {
+      *event = new TpuEvent();
+    }
+    auto* e = static_cast<TpuEvent*>(*event);
+    e->recorded = true;
+    e->when = std::chrono::steady_clock::now();
+    e->device = device_index >= 0 ? device_index : stream.device_index();
+  }
+  void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}
+  bool queryEvent(void* /*event*/) const override { return true; }
+  void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
+    delete static_cast<TpuEvent*>(event);
+  }
+  bool queryStream(const c10::Stream& /*stream*/) const override { return true; }
+  void synchronizeStream(const c10::Stream& /*stream*/) const override {}
+  void synchronizeEvent(void* /*event*/) const override {}
+  void synchronizeDevice(const c10::DeviceIndex /*device_index*/) const override {}
+  void recordDataPtrOnStream(const c10::DataPtr& /*data_ptr*/, const c10::Stream& /*stream*/) const override {}
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex /*device_index*/) const override {
+    TORCH_CHECK(start != nullptr && end != nullptr, "tpusim: both events must be recorded before elapsed_time");
+    auto* a = static_cast<TpuEvent*>(start);
+    auto* b = static_cast<TpuEvent*>(end);
+    return std::chrono::duration<double, std::milli>(b->when - a->when).count();
+  }
+};
+
+}  // namespace
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, Guard);
+
+void check_device_index(c10::DeviceIndex device) {
+  TORCH_CHECK(device >= 0 && device < config().device_count, "tpusim: invalid device tpu:",
+              static_cast<int>(device), "; this host has ", static_cast<int>(config().device_count),
+              " simulated chips (tpu:0..tpu:", static_cast<int>(config().device_count) - 1,
+              "). Set TPUSIM_DEVICES to change the count.");
+}
+
+c10::DeviceIndex current_device() { return t_device; }
+
+void set_current_device(c10::DeviceIndex device) {
+  check_device_index(device);
+  t_device = device;
+}
+
+// ---------------------------------------------------------------- generators
+
+namespace {
+
+// The CPU Philox-free mt19937 generator, labelled as a tpu device: with the same seed a tpu
+// program draws the same numbers as the CPU one (the fallback runs CPU kernels on its state).
+struct TpuGenerator final : at::CPUGeneratorImpl {
+  explicit TpuGenerator(c10::DeviceIndex device) : at::CPUGeneratorImpl(c10::default_rng_seed_val) {
+    device_ = c10::Device(c10::DeviceType::PrivateUse1, device);
+    key_set_ = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+  }
+
+ private:
+  TpuGenerator* clone_impl() const override {
+    auto* g = new TpuGenerator(device_.index());
+    g->set_state(*get_state());
+    return g;
+  }
+};
+
+std::mutex g_gen_mu;
+std::array<std::unique_ptr<at::Generator>, kMaxDevices> g_default_gens;
+
+}  // namespace
+
+const at::Generator& default_generator(c10::DeviceIndex device) {
+  if (device < 0) {
+    device = current_device();
+  }
+  check_device_index(device);
+  std::lock_guard<std::mutex> lock(g_gen_mu);
+  auto& slot = g_default_gens[device];
+  if (!slot) {
+    slot = std::make_unique<at::Generator>(at::make_generator<TpuGenerator>(device));
+  }
+  return *slot;
+}
+
+at::Generator new_generator(c10::DeviceIndex device) {
+  if (device < 0) {
+    device = current_device();
+  }
+  check_device_index(device);
+  return at::make_generator<TpuGenerator>(device);
+}
+
+// ---------------------------------------------------------------- hooks
+
+namespace {
+
+struct Hooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  bool hasPrimaryContext(c10::DeviceIndex /*device*/) const override { return true; }
+  c10::DeviceIndex deviceCount() const override { return config().device_count; }
+  void setCurrentDevice(c10::DeviceIndex device) const override { set_current_device(device); }
+  c10::DeviceIndex getCurrentDevice() const override { return current_device(); }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
+    auto old = current_device();
+    if (device >= 0) {
+      set_current_device(device);
+    }
+    return old;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override { return exchangeDevice(device); }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex device) const override {
+    return default_generator(device);
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex device) const override { return new_generator(device); }
+  at::Device getDeviceFromPtr(void* /*data*/) const override {
+    return {c10::DeviceType::PrivateUse1, current_device()};
+  }
+  bool isPinnedPtr(const void* data) const override {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    return g_pinned.count(data) > 0;
+  }
+  at::Allocator* getPinnedMemoryAllocator() const override { return &g_pinned_allocator; }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t nbytes) const override {
+    resize_storage_bytes(storage.unsafeGetStorageImpl(), nbytes);
+  }
+};
+
+}  // namespace
+
+void register_hooks() {
+  static Hooks hooks;
+  static bool done = false;
+  if (!done) {
+    at::RegisterPrivateUse1HooksInterface(&hooks);
+    done = true;
+  }
+}
+
+}  // namespace tpusim

@@ -1,0 +1,308 @@
+"""The one boxed fallback: every aten op without a native kernel runs here.
+
+An op on tpu tensors runs as the CPU kernel on zero-copy host aliases of the device memory
+(meta aliases in shape-only mode), and its results are mapped back to the device: outputs that
+alias an input become views of the device storage, fresh results are adopted without a copy,
+mutated arguments (in-place, out=) get the kernel's new shape and bytes (``sync_back``).
+
+Per call it also: swaps in the device's generator for random ops (so a seeded tpu program
+draws what the CPU one draws), refuses mixed CPU/tpu inputs where CUDA would, applies the
+float64 policy (backend/policy.py) and hands the op to the recorder when one is active.
+Ops whose CPU kernel is wrong for the device are one entry each in backend/kernels.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tpusim.backend import kernels, policy, recorder
+from tpusim.backend.state import STATE
+
+_T, _L, _D, _G, _S = 1, 2, 3, 4, 5  # argument kinds: tensor, tensor list, device, generator, dtype
+_F64 = policy.NON_NATIVE_DTYPES
+_CPU_INDEX_OK = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_",
+                 "aten::_unsafe_index", "aten::_unsafe_index_put"}
+
+
+@dataclass
+class _Plan:
+    """What the fallback needs to know about one op overload, computed once."""
+
+    name: str
+    pos: list[tuple[int, int]]       # (position, kind) of the arguments to convert
+    kw: dict[str, int]                # name -> kind of the kwarg-only arguments to convert
+    mutable_pos: list[int]
+    mutable_kw: list[str]
+    gen_index: int                    # position of the Generator? argument, -1 if none
+    gen_name: str
+    random: bool
+    kernel: object                    # hand-written replacement, or None
+    cpu_ok: bool                      # CPU tensors of any rank may be mixed in (index ops)
+
+
+_PLANS: dict[object, _Plan] = {}
+
+
+def _kind(arg: torch._C.Argument) -> int:
+    text = str(arg.type)
+    if text.startswith("Optional["):
+        text = text[9:-1]
+    if text == "Tensor":
+        return _T
+    if text in ("List[Tensor]", "List[Optional[Tensor]]"):
+        return _L
+    if text == "Device":
+        return _D
+    if text == "Generator":
+        return _G
+    if text == "int" and arg.name == "dtype":
+        return _S
+    return 0
+
+
+def _plan(op: torch._ops.OpOverload) -> _Plan:
+    schema = op._schema
+    name = schema.name
+    pos, kw, mutable_pos, mutable_kw = [], {}, [], []
+    gen_index, gen_name = -1, ""
+    for i, arg in enumerate(schema.arguments):
+        kind = _kind(arg)
+        write = arg.alias_info is not None and arg.alias_info.is_write
+        if arg.kwarg_only:
+            if kind:
+                kw[arg.name] = kind
+            if write:
+                mutable_kw.append(arg.name)
+        else:
+            if kind:
+                pos.append((i, kind))
+            if write:
+                mutable_pos.append(i)
+        if kind == _G:
+            gen_index, gen_name = (-1, arg.name) if arg.kwarg_only else (i, "")
+    random = torch.Tag.nondeterministic_seeded in op.tags or gen_index >= 0 or bool(gen_name)
+    plan = _Plan(name, pos, kw, mutable_pos, mutable_kw, gen_index, gen_name, random,
+                 kernels.KERNELS.get(f"{name}.{op._overloadname}") or kernels.KERNELS.get(name),
+                 name in _CPU_INDEX_OK)
+    _PLANS[op] = plan
+    return plan
+
+
+class _Call:
+    """Host-side view of one call: aliases made, device chosen, what to sync back."""
+
+    __slots__ = ("plan", "device", "pairs", "f64", "cpu_arg", "inputs")
+
+    def __init__(self, plan: _Plan) -> None:
+        self.plan = plan
+        self.device = -1
+        self.pairs: dict[int, torch.Tensor] = {}   # id(alias) -> device tensor
+        self.f64 = False
+        self.cpu_arg: torch.Tensor | None = None
+        self.inputs: list[torch.Tensor] = []
+
+    def tensor(self, t: object) -> object:
+        if not isinstance(t, torch.Tensor):
+            if isinstance(t, (int, float, bool, complex)):   # a wrapped number: back to a 0-dim tensor
+                return torch.tensor(t)
+            return t                                          # None
+        dev = t.device
+        if dev.type != "tpu":
+            if self.cpu_arg is None and t.dim() > 0 and not self.plan.cpu_ok:
+                self.cpu_arg = t
+            return t
+        if self.device < 0:
+            self.device = dev.index
+        elif dev.index != self.device:
+            _mixed(self.plan, f"tpu:{self.device}", str(dev), t)
+        if t.dtype in _F64:
+            self.f64 = True
+        alias = STATE.shim.host_alias(t)
+        self.pairs[id(alias)] = t
+        self.inputs.append(t)
+        return alias
+
+    def convert(self, kind: int, value: object) -> object:
+        if kind == _T:
+            return self.tensor(value)
+        if kind == _L:
+            return [self.tensor(v) for v in value] if value is not None else None
+        if kind == _D:
+            if value is not None and torch.device(value).type == "tpu":
+                d = torch.device(value)
+                if self.device < 0:
+                    self.device = d.index if d.index is not None else STATE.shim.current_device()
+                return STATE.host_device
+            return value
+        if kind == _S:
+            if value in _F64:
+                self.f64 = True
+            return value
+        return value
+
+
+def _mixed(plan: _Plan, a: str, b: str, t: torch.Tensor) -> None:
+    from tpusim.backend.source import user_source
+
+    where = user_source()
+    raise RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, {a} and {b}! "
+        f"({plan.name} got a tensor of shape {list(t.shape)} on {b}"
+        f"{' at ' + where if where else ''}; move it with .to('{a}'))")
+
+
+def fallback(op: torch._ops.OpOverload, *args: object, **kwargs: object) -> object:
+    """Run ``op`` on host aliases of its tpu arguments; see the module docstring."""
+    plan = _PLANS.get(op) or _plan(op)
+    call = _Call(plan)
+    hargs = list(args)
+    n = len(hargs)
+    for i, kind in plan.pos:
+        if i < n:
+            hargs[i] = call.convert(kind, hargs[i])
+    hkwargs = kwargs
+    if plan.kw and kwargs:
+        hkwargs = dict(kwargs)
+        n_in = len(call.inputs)
+        for name, kind in plan.kw.items():
+            if name in hkwargs:
+                hkwargs[name] = call.convert(kind, hkwargs[name])
+        if plan.mutable_kw:                      # out= arguments are written, not read
+            del call.inputs[n_in:]
+    if call.cpu_arg is not None and call.inputs:
+        _mixed(plan, f"tpu:{call.device}", "cpu", call.cpu_arg)
+    if call.device < 0:
+        call.device = STATE.shim.current_device()
+    if call.f64:
+        policy.non_native(plan.name, call.inputs)
+
+    if plan.random and STATE.numerics:
+        result = _run_random(op, plan, call, hargs, hkwargs)
+    else:
+        result = _run(op, plan, hargs, hkwargs)
+
+    shim = STATE.shim
+    mutated: list[torch.Tensor] = []
+    for i in plan.mutable_pos:
+        if i < n:
+            _sync(shim, args[i], hargs[i], mutated)
+    for name in plan.mutable_kw:
+        if name in kwargs:
+            _sync(shim, kwargs[name], hkwargs[name], mutated)
+    out = _back(shim, call, result)
+    if STATE.recording:
+        recorder.record_op(op, plan.name, call.inputs, out, args, kwargs, mutated)
+    return out
+
+
+def _cpu(op: torch._ops.OpOverload, plan: _Plan, hargs: list, hkwargs: dict) -> object:
+    """The sim target's executor: the hand-written kernel or the CPU kernel, on the host aliases."""
+    if plan.kernel is not None:
+        return plan.kernel(op, hargs, hkwargs)
+    return op._op(*hargs, **hkwargs)
+
+
+executor = _cpu  # computes an op's values; the PJRT target (backend/targets/pjrt.py) swaps in its own
+
+
+def _run(op: torch._ops.OpOverload, plan: _Plan, hargs: list, hkwargs: dict) -> object:
+    try:
+        return executor(op, plan, hargs, hkwargs)
+    except NotImplementedError as err:
+        if not STATE.numerics and "Meta" in str(err):
+            raise NotImplementedError(
+                f"tpusim: {plan.name} has no shape function (meta kernel), so it cannot run in shape-only "
+                f"mode (TPUSIM_NUMERICS=off). Run with TPUSIM_NUMERICS=on.") from err
+        raise
+    except RuntimeError as err:
+        if not STATE.numerics and ("data-dependent" in str(err) or "meta" in str(err).lower()):
+            raise RuntimeError(
+                f"tpusim: {plan.name} cannot run in shape-only mode (TPUSIM_NUMERICS=off): its output shape "
+                f"depends on tensor values, which this mode does not have. Original error: {err}") from err
+        raise
+
+
+def _run_random(op: torch._ops.OpOverload, plan: _Plan, call: _Call, hargs: list, hkwargs: dict) -> object:
+    """Run a random op on the tpu generator's state, through the CPU default generator."""
+    if plan.gen_index >= 0:
+        gen = hargs[plan.gen_index] if plan.gen_index < len(hargs) else None
+    else:
+        gen = hkwargs.get(plan.gen_name) if plan.gen_name else None
+    if gen is not None and gen.device.type != "tpu":
+        return _run(op, plan, hargs, hkwargs)       # a CPU generator: use it as given
+    if gen is None:
+        gen = STATE.default_generators[call.device]
+    if plan.gen_index >= 0 and plan.gen_index < len(hargs):
+        hargs[plan.gen_index] = None
+    elif plan.gen_name and plan.gen_name in hkwargs:
+        hkwargs = dict(hkwargs)
+        hkwargs[plan.gen_name] = None
+    host = torch.default_generator
+    saved = host.get_state()
+    host.set_state(gen.get_state())
+    try:
+        return _run(op, plan, hargs, hkwargs)
+    finally:
+        gen.set_state(host.get_state())
+        host.set_state(saved)
+
+
+def _sync(shim: object, dst: object, alias: object, mutated: list[torch.Tensor]) -> None:
+    """Carry what the kernel did to a mutable argument's alias over to the device tensor."""
+    if isinstance(dst, torch.Tensor):
+        if alias is not dst:
+            shim.sync_back(dst, alias)
+            mutated.append(dst)
+    elif isinstance(dst, (list, tuple)):
+        pairs = [(d, a) for d, a in zip(dst, alias, strict=True)
+                 if isinstance(d, torch.Tensor) and a is not d]
+        if pairs:
+            shim.sync_back_list([d for d, _ in pairs], [a for _, a in pairs])
+            mutated.extend(d for d, _ in pairs)
+
+
+def _back(shim: object, call: _Call, result: object) -> object:
+    """Host results -> device tensors (identity for returned arguments)."""
+    pairs = call.pairs
+    if isinstance(result, torch.Tensor):
+        orig = pairs.get(id(result))
+        if orig is not None:
+            return orig
+        return shim.to_device([result], call.device)[0]
+    if isinstance(result, (tuple, list)):
+        fresh = [r for r in result if isinstance(r, torch.Tensor) and id(r) not in pairs]
+        mapped = iter(shim.to_device(fresh, call.device)) if fresh else iter(())
+        items = []
+        for r in result:
+            if isinstance(r, torch.Tensor):
+                orig = pairs.get(id(r))
+                items.append(orig if orig is not None else next(mapped))
+            elif isinstance(r, (tuple, list)):
+                items.append(_back(shim, call, r))
+            else:
+                items.append(r)
+        return type(result)(items) if isinstance(result, tuple) else items
+    return result
+
+
+_LIBRARIES: list[torch.library.Library] = []
+
+
+def _lookup(name: str) -> torch._ops.OpOverload:
+    base, _, overload = name.removeprefix("aten::").partition(".")
+    return getattr(getattr(torch.ops.aten, base), overload or "default")
+
+
+def install() -> None:
+    """Register the fallback for the PrivateUse1 key, and the hand-written kernels explicitly
+    (some, like convolution_overrideable, have a composite kernel the fallback would never see)."""
+    if _LIBRARIES:
+        return
+    lib = torch.library.Library("_", "IMPL")
+    lib.fallback(fallback, "PrivateUse1")
+    impl = torch.library.Library("aten", "IMPL")
+    for name in kernels.KERNELS:
+        op = _lookup(name)
+        impl.impl(op, lambda *a, _op=op, **k: fallback(_op, *a, **k), "PrivateUse1")
+    _LIBRARIES.extend((lib, impl))

@@ -1,0 +1,54 @@
+"""float64/complex policy: TPUs have no native float64 or complex arithmetic.
+
+Default (TPUSIM_F64=warn): such ops run on the host anyway, with a warning once per op, and
+each op is listed (``non_native_ops()``, and the trace's ``meta["f64_ops"]``) so the cost
+report can say what a real TPU would not run. TPUSIM_F64=error raises instead (at the first op that computes
+in float64/complex; creating, filling and copying such tensors is allowed); TPUSIM_F64=allow is silent.
+Torch's own tensor printing (which formats values in float64) is exempt.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+NON_NATIVE_DTYPES = frozenset({torch.float64, torch.complex32, torch.complex64, torch.complex128})
+_SEEN: set[str] = set()
+
+
+class TpuFloat64Warning(UserWarning):
+    """An op ran in float64/complex on the host: a real TPU does not support it natively."""
+
+
+def non_native_ops() -> list[str]:
+    """Ops that ran in float64/complex so far in this process."""
+    return sorted(_SEEN)
+
+
+def non_native(op_name: str, inputs: list[torch.Tensor]) -> None:
+    """Apply the policy to one op with float64/complex tpu inputs (or dtype argument)."""
+    from tpusim.backend.costs import is_data_movement
+    from tpusim.backend.source import user_source_and_print
+    from tpusim.backend.state import STATE
+
+    if is_data_movement(op_name):   # filling/copying float64 is not arithmetic: allowed in every mode
+        return
+    mode = STATE.config.f64 if STATE.config is not None else "warn"
+    where, printing = user_source_and_print()
+    if printing:            # torch's tensor printing formats values in float64: not the user's op
+        return
+    dtypes = sorted({str(t.dtype).replace("torch.", "") for t in inputs if t.dtype in NON_NATIVE_DTYPES})
+    what = "/".join(dtypes) or "float64"
+    if mode == "error":
+        raise RuntimeError(
+            f"tpusim: {op_name} on {what} tensors{' at ' + where if where else ''}: TPUs have no native "
+            f"float64/complex arithmetic. Cast to float32 or bfloat16, or unset TPUSIM_F64=error to run such "
+            f"ops on the host with a warning.")
+    first = op_name not in _SEEN
+    _SEEN.add(op_name)
+    if first and mode == "warn":
+        warnings.warn(
+            f"tpusim: {op_name} ran in {what} on the host; TPUs have no native float64/complex arithmetic, so "
+            f"a real TPU would not run it like this (warned once per op; TPUSIM_F64=error makes it an error, "
+            f"TPUSIM_F64=allow silences it).", TpuFloat64Warning, stacklevel=3)

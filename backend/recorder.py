@@ -1,0 +1,214 @@
+"""Recording the program trace (tpusim.trace) while a tpu program runs.
+
+Usage::
+
+    import tpusim.backend as tb
+    with tb.recording() as rec:
+        loss = model(x).sum(); loss.backward(); opt.step()   # opt.step() adds a StepMarker
+    trace = rec.trace                                         # a tpusim.trace.Trace
+
+What is recorded: one ``OpRecord`` per op the fallback runs (unit, FLOPs, transcendentals,
+bytes from backend/costs.py; tensors with ids and storage ids, so views show as aliasing),
+device-to-device copies as DMA ops, ``HostRecord`` for host syncs (``.item()``, ``.cpu()``,
+printing, ``torch.tpu.synchronize()``) and host<->device copies, ``MemoryRecord`` for every
+device allocation and free, and ``StepMarker`` at each ``optimizer.step()`` or
+``tpusim.backend.step()``. When no recording is active the fallback pays one attribute check.
+
+Tensor ids: a tensor is identified by (storage id, offset, shape, strides): two Python objects
+viewing the same bytes the same way are the same tensor for dataflow purposes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from tpusim.backend import costs, policy
+from tpusim.backend.source import user_source, user_source_and_print
+from tpusim.backend.state import STATE
+
+from tpusim.trace import HostRecord, MemoryRecord, OpRecord, Record, StepMarker, TensorMeta, Trace, renumber
+
+
+@dataclass
+class Recording:
+    """Handle returned by ``recording()``; ``trace`` is set when the block exits."""
+
+    meta: dict = field(default_factory=dict)
+    records: list[Record] = field(default_factory=list)
+    trace: Trace | None = None
+    steps: int = 0
+    tensor_ids: dict[tuple, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_ACTIVE: Recording | None = None
+_HOOK_HANDLE = None
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype)[6:]
+
+
+def _metas(rec: Recording, tensors: list[torch.Tensor]) -> tuple[TensorMeta, ...]:
+    if not tensors:
+        return ()
+    sids = STATE.shim.storage_ids(tensors)
+    ids = rec.tensor_ids
+    out = []
+    for t, sid in zip(tensors, sids, strict=True):
+        shape = tuple(t.shape)
+        key = (sid, t.storage_offset(), shape, t.stride())
+        tid = ids.get(key)
+        if tid is None:
+            tid = ids[key] = len(ids) + 1
+        out.append(TensorMeta(tid, shape, _dtype_name(t.dtype), t.numel() * t.element_size(), sid))
+    return tuple(out)
+
+
+def _drain_memory(rec: Recording) -> None:
+    for alloc, storage, nbytes, device in STATE.shim.drain_memory_log():
+        rec.records.append(MemoryRecord(0, "alloc" if alloc else "free", storage, nbytes, rank=0))
+        del device
+
+
+def _flatten(out: object, acc: list[torch.Tensor]) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        acc.append(out)
+    elif isinstance(out, (list, tuple)):
+        for o in out:
+            _flatten(o, acc)
+    return acc
+
+
+def record_op(op: object, name: str, inputs: list[torch.Tensor], out: object, args: tuple, kwargs: dict,
+              mutated: list[torch.Tensor]) -> None:
+    """One op the fallback ran (called only while recording)."""
+    rec = _ACTIVE
+    if rec is None:
+        return
+    outs = _flatten(out, [])
+    for m in mutated:
+        if not any(m is o for o in outs):
+            outs.append(m)
+    outs = [o for o in outs if o.device.type == "tpu"]
+    try:
+        cost = costs.op_cost(name, inputs, outs, args)
+    except Exception:  # a cost rule must never break the user's program
+        cost = costs.Cost("vpu")
+    source = user_source()
+    with rec.lock:
+        _drain_memory(rec)
+        ins_meta = _metas(rec, inputs)
+        outs_meta = _metas(rec, outs)
+        read = cost.bytes_read if cost.bytes_read is not None else sum(m.nbytes for m in ins_meta)
+        written = cost.bytes_written if cost.bytes_written is not None else sum(m.nbytes for m in outs_meta)
+        dtype = (outs_meta or ins_meta)[0].dtype if (outs_meta or ins_meta) else "float32"
+        rec.records.append(OpRecord(0, name, cost.unit, dtype, ins_meta, outs_meta, cost.flops,
+                                    cost.transcendentals, float(read), float(written), cost.matmul, source))
+
+
+def record_host(event: str, reason: str, nbytes: int = 0) -> None:
+    rec = _ACTIVE
+    if rec is None:
+        return
+    source = user_source()
+    with rec.lock:
+        _drain_memory(rec)
+        rec.records.append(HostRecord(0, event, reason, nbytes, 0.0, source))
+
+
+def _native(kind: str, a: torch.Tensor, b: torch.Tensor | None) -> None:
+    """Hook called by the shim's native kernels (copies, item) while recording."""
+    rec = _ACTIVE
+    if rec is None:
+        return
+    source, printing = user_source_and_print()
+    with rec.lock:
+        _drain_memory(rec)
+        if kind == "item":
+            rec.records.append(HostRecord(0, "sync", "print" if printing else "item", a.element_size(), 0.0,
+                                          source))
+            return
+        assert b is not None
+        size = a.numel() * a.element_size()
+        src_dev, dst_dev = a.device.type == "tpu", b.device.type == "tpu"
+        if src_dev and dst_dev:
+            metas_in, metas_out = _metas(rec, [a]), _metas(rec, [b])
+            rec.records.append(OpRecord(0, "aten::copy_", "dma", _dtype_name(b.dtype), metas_in, metas_out, 0.0,
+                                        0.0, float(size), float(b.numel() * b.element_size()), None, source))
+        elif src_dev:
+            reason = "print" if printing else "cpu"
+            rec.records.append(HostRecord(0, "sync", reason, 0, 0.0, source))
+            rec.records.append(HostRecord(0, "d2h", reason, size, 0.0, source))
+        else:
+            rec.records.append(HostRecord(0, "h2d", "to_device", size, 0.0, source))
+
+
+def step() -> None:
+    """Mark a training-step boundary (optimizer.step() does this automatically while recording)."""
+    rec = _ACTIVE
+    if rec is None:
+        return
+    source = user_source()
+    with rec.lock:
+        _drain_memory(rec)
+        rec.steps += 1
+        rec.records.append(StepMarker(0, rec.steps, source))
+
+
+def _optimizer_hook(optimizer: object, args: object, kwargs: object) -> None:
+    step()
+
+
+def start(meta: dict | None = None) -> Recording:
+    global _ACTIVE, _HOOK_HANDLE
+    if _ACTIVE is not None:
+        raise RuntimeError("tpusim: a recording is already active; nest no recordings")
+    rec = Recording(meta=dict(meta or {}))
+    STATE.shim.drain_memory_log()
+    STATE.shim.set_memory_log(True)
+    STATE.shim.set_native_hook(_native)
+    _HOOK_HANDLE = register_optimizer_step_post_hook(_optimizer_hook)
+    _ACTIVE = rec
+    STATE.recording = True
+    return rec
+
+
+def stop() -> Trace:
+    global _ACTIVE, _HOOK_HANDLE
+    rec = _ACTIVE
+    if rec is None:
+        raise RuntimeError("tpusim: no recording is active")
+    STATE.recording = False
+    with rec.lock:
+        _drain_memory(rec)
+    STATE.shim.set_native_hook(None)
+    STATE.shim.set_memory_log(False)
+    if _HOOK_HANDLE is not None:
+        _HOOK_HANDLE.remove()
+        _HOOK_HANDLE = None
+    _ACTIVE = None
+    cfg = STATE.config
+    meta = {"device": "tpu", "chip": cfg.chip, "devices": cfg.device_count, "hbm_bytes": cfg.hbm_bytes,
+            "numerics": cfg.numerics, "f64_ops": policy.non_native_ops(), **rec.meta}
+    rec.trace = Trace(records=renumber(rec.records), world_size=1, rank=0, meta=meta)
+    return rec.trace
+
+
+@contextmanager
+def recording(meta: dict | None = None) -> Iterator[Recording]:
+    """Record the tpu ops of the block; ``.trace`` of the yielded handle holds the result."""
+    rec = start(meta)
+    try:
+        yield rec
+    finally:
+        stop()
+
+
+def install() -> None:
+    """Nothing to install until a recording starts (kept for symmetry with the other modules)."""

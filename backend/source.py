@@ -1,0 +1,59 @@
+"""The user's source line for a record: the first Python frame outside torch and tpusim.
+
+Cheap by design (a ``sys._getframe`` walk with a per-code-object cache), because it runs for
+every recorded op. Ops issued by the autograd engine's device thread have no user frame; they
+are attributed to the line the main thread is waiting on (the ``loss.backward()`` call).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import torch
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_INTERNAL_DIRS = (
+    os.path.dirname(torch.__file__) + os.sep,                             # torch
+    _HERE + os.sep,                                                       # backend/ (tpusim.backend)
+    os.path.join(os.path.dirname(_HERE), "tpusim") + os.sep,              # tpusim/
+)
+_TENSOR_STR = os.path.join(os.path.dirname(torch.__file__), "_tensor_str.py")
+_internal: dict[object, bool] = {}
+_MAIN = threading.main_thread()
+
+
+def _is_internal(code: object) -> bool:
+    flag = _internal.get(code)
+    if flag is None:
+        name = code.co_filename
+        flag = name.startswith(_INTERNAL_DIRS) or name.startswith("<frozen") or "/contextlib.py" in name
+        _internal[code] = flag
+    return flag
+
+
+def _walk(frame: object) -> tuple[str, bool]:
+    printing = False
+    while frame is not None:
+        code = frame.f_code
+        if not _is_internal(code):
+            return f"{os.path.basename(code.co_filename)}:{frame.f_lineno}", printing
+        if code.co_filename == _TENSOR_STR:
+            printing = True
+        frame = frame.f_back
+    return "", printing
+
+
+def user_source_and_print() -> tuple[str, bool]:
+    """("file.py:line", whether the value is being read by print/repr)."""
+    found, printing = _walk(sys._getframe(1))
+    if found or threading.current_thread() is _MAIN:
+        return found, printing
+    main = sys._current_frames().get(_MAIN.ident)
+    found, _ = _walk(main)
+    return found, printing
+
+
+def user_source() -> str:
+    return user_source_and_print()[0]

@@ -1,0 +1,78 @@
+"""Recording: the trace a tpu program emits (tpusim.trace records)."""
+
+from __future__ import annotations
+
+import torch
+import tpusim.backend as tb
+from torch import nn
+
+from tpusim.trace import HostRecord, MemoryRecord, OpRecord, StepMarker, read_trace, write_trace
+
+
+def test_trace_of_a_training_step(tmp_path: object) -> None:
+    model = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 10)).to("tpu")
+    table = nn.EmbeddingBag(50, 8, mode="sum").to("tpu")
+    opt = torch.optim.SGD(list(model.parameters()) + list(table.parameters()), lr=0.1)
+    x = torch.randn(32, 64).to("tpu")
+    with tb.recording() as rec:
+        y = torch.randn(32, 10, device="tpu")
+        bags = table(torch.arange(12, device="tpu"), torch.tensor([0, 4, 8], device="tpu"))
+        loss = (model(x) - y).square().mean() + bags.sum()
+        loss.backward()
+        opt.step()
+        value = loss.item()
+        _ = x[:2].cpu()
+        tb.step()
+    trace = rec.trace
+    assert trace is not None and value == value
+    ops = trace.of_kind(OpRecord)
+    addmm = [o for o in ops if o.op == "aten::addmm"]
+    assert addmm and addmm[0].unit == "mxu"
+    assert addmm[0].matmul == (1, 32, 64, 128)
+    assert addmm[0].flops >= 2 * 32 * 64 * 128
+    assert addmm[0].source.startswith("test_tpu_recording.py:")
+    tanh = next(o for o in ops if o.op == "aten::tanh")
+    assert tanh.unit == "vpu" and tanh.transcendentals == 32 * 128
+    assert any(o.unit == "sparsecore" and "embedding_bag" in o.op for o in ops)
+    assert all(o.bytes_read >= 0 and o.bytes_written >= 0 for o in ops)
+    hosts = trace.of_kind(HostRecord)
+    assert any(h.event == "sync" and h.reason == "item" for h in hosts)
+    assert any(h.event == "d2h" and h.reason == "cpu" for h in hosts)
+    assert any(h.event == "h2d" for h in hosts)
+    steps = trace.of_kind(StepMarker)
+    assert [s.step for s in steps] == [1, 2]
+    mem = trace.of_kind(MemoryRecord)
+    assert any(m.event == "alloc" for m in mem) and any(m.event == "free" for m in mem)
+    assert [r.seq for r in trace.records] == list(range(len(trace.records)))
+    assert trace.meta["device"] == "tpu" and trace.meta["chip"]
+    path = tmp_path / "trace.jsonl"
+    write_trace(trace, path)
+    assert read_trace(path).records == trace.records
+
+
+def test_views_share_storage_ids() -> None:
+    a = torch.randn(8, 8, device="tpu")
+    with tb.recording() as rec:
+        v = a[2:4]
+        v.mul_(2)
+    op = rec.trace.of_kind(OpRecord)[0]
+    storage = op.outputs[0].storage
+    assert storage > 0
+    b = torch.empty(0)
+    del b
+    assert op.inputs[0].storage == storage
+
+
+def test_print_is_a_host_sync() -> None:
+    x = torch.ones(3, device="tpu")
+    with tb.recording() as rec:
+        print(x)
+    reasons = {h.reason for h in rec.trace.of_kind(HostRecord)}
+    assert "print" in reasons
+
+
+def test_not_recording_records_nothing() -> None:
+    with tb.recording() as rec:
+        pass
+    torch.ones(2, device="tpu").sum()
+    assert rec.trace is not None and not rec.trace.of_kind(OpRecord)

@@ -41,6 +41,12 @@ Schema ``tpusim-report`` version 1::
       links                    max_utilisation, mean_utilisation (busy links), busiest
       host_stalls              [{reason, source, seconds}] where the host waited for the device
     warnings                   [{code, message, source}] (TPU-readiness lint)
+    distributed                (torch.distributed runs only) ranks ("one" | "all"), world_size, placement
+                               ("tp=x,fsdp=yz"), numerics_rule, not_reference_correct [{kind, source,
+                               count, why}]: --ranks one values that follow the symmetry rule
+    placements                 (--compare-placements) mesh {dim_names, shape}, default, reason (why the
+                               best wins), ranked [{placement, step_s, total_s, collective_s, by_dim,
+                               axes, algorithms}] by step time (tpusim/placement.py)
 """
 
 from __future__ import annotations

@@ -1,0 +1,71 @@
+"""One rank's process under ``--ranks all``: run the script as __main__, record, report how it ended.
+
+    python -m tpusim.backend.distributed.worker --trace out/rank1.jsonl SCRIPT [ARGS...]
+
+The trace is written with every record's ``rank`` set, for the launcher to merge. How the script
+ended goes to the control store (``status/<rank>``) so waiting peers stop at once: ``exited``,
+``crashed`` (exception type, message, the script's line), or ``failed`` (a collective diagnosis).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tpusim-rank")
+    parser.add_argument("--trace", required=True)
+    parser.add_argument("script")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+
+    import torch  # noqa: F401  (before tpusim.backend: the device registers at `import torch`)
+    import tpusim.backend as backend
+    from tpusim.backend.distributed import process_group
+
+    from tpusim.script import run_script
+    from tpusim.trace import Trace, write_trace
+
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    with backend.recording() as rec:
+        outcome = run_script(args.script, list(args.args))
+    trace = rec.trace
+    records = tuple(dataclasses.replace(r, rank=rank) for r in trace.records)
+    write_trace(Trace(records=records, world_size=world, rank=rank, meta=trace.meta), args.trace)
+    control = process_group.CONTROL
+    if outcome.error_type == "CollectiveMismatchError":
+        if os.environ.get("TPUSIM_LAUNCHED"):
+            print(f"tpusim: rank {rank} stopped (collective diagnosis below)", file=sys.stderr)
+        else:
+            print(outcome.error, file=sys.stderr, end="")
+    elif outcome.error:
+        print(outcome.error, file=sys.stderr, end="")
+        if control is not None:
+            control.set_status("crashed", crash_summary(outcome.error))
+    elif control is not None:
+        control.set_status("exited")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(outcome.exit_code)  # skip interpreter teardown: gloo threads may still wait on dead peers
+
+
+def crash_summary(traceback_text: str) -> str:
+    """'ZeroDivisionError: division by zero at crash.py:9' from a formatted user traceback."""
+    lines = [ln for ln in traceback_text.strip().splitlines() if ln.strip()]
+    where = ""
+    for ln in lines:
+        text = ln.strip()
+        if text.startswith('File "'):
+            path, _, rest = text[6:].partition('", line ')
+            if "site-packages" in path or "/torch/" in path:
+                continue
+            where = f"{os.path.basename(path)}:{rest.split(',')[0]}"
+    last = lines[-1] if lines else "unknown error"
+    return f"{last} at {where}" if where else last
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The c10d backend "tpusim": --ranks one numerics, --ranks all parity and hang diagnosis, the GPT example.
+
+Each case runs in fresh processes, as a user starts them (the launcher and `tpusim run`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def tpusim(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tpusim", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, **(env or {})})
+
+
+def test_ranks_one_follows_the_symmetry_rule():
+    result = subprocess.run([sys.executable, str(SCRIPTS / "ranks_one.py")], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.split("RESULT ", 1)[1])
+    x = [0.0, 1.0, 2.0, 3.0]
+    assert out["sum"] == [8 * v for v in x] and out["avg"] == x and out["max"] == x
+    assert out["gather"] == x * 8                       # this rank's shard in every slot
+    assert out["rs"] == [0.0, 8.0]                      # n x this rank's own chunk
+    assert out["a2a"] == [0.0, 1.0] * 8                 # this rank's chunk for itself, from every peer
+    assert out["bcast"] == x and out["sub"] == [4 * v for v in x]
+    kinds = [r[0] for r in out["records"]]
+    assert kinds == ["all_reduce"] * 3 + ["all_gather", "reduce_scatter", "all_to_all", "broadcast", "barrier",
+                                          "all_reduce"]
+    assert out["records"][0][1:] == [16, []] and out["records"][-1][2] == [0, 1, 2, 3]
+    assert {e["kind"] for e in out["meta"]["not_reference_correct"]} >= {"all_gather", "reduce_scatter"}
+
+
+def test_ranks_all_ddp_fsdp2_and_tensor_parallel_match_one_device(tmp_path):
+    result = tpusim("run", str(SCRIPTS / "parity.py"), "--topology", "2d:2x2", "--ranks", "all", "--quiet",
+                    "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for rank in range(4):
+        for name in ("ddp", "fsdp2", "tp"):
+            assert f"[rank {rank}] OK {name}" in result.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["distributed"]["ranks"] == "all" and report["distributed"]["world_size"] == 4
+    collectives = report["modes"]["strict"]["collectives"]
+    assert {c["kind"] for c in collectives} >= {"all_reduce", "all_gather", "reduce_scatter"}
+
+
+def _launch(script: str, tmp_path: Path, world: int = 2):
+    import torch  # noqa: F401
+    from tpusim.backend.distributed.launcher import launch
+
+    started = time.monotonic()
+    result = launch(SCRIPTS / script, [], world, 4, tmp_path, stream=open(os.devnull, "w"))  # noqa: SIM115
+    return result, time.monotonic() - started
+
+
+@pytest.mark.parametrize("script, expected", [
+    ("bad_order.py", ["collective mismatch at call #0", "rank 0: all_reduce(float32[4], sum) at bad_order.py:11",
+                      "rank 1: all_gather(float32[4]) at bad_order.py:8"]),
+    ("bad_shape.py", ["collective mismatch", "rank 0: all_reduce(float32[4], sum)",
+                      "rank 1: all_reduce(float32[5], sum)", "bad_shape.py:6"]),
+    ("skip.py", ["rank 1 finished the script without calling all_reduce(float32[4], sum) at skip.py:8",
+                 "which rank 0 called", "last collective: all_reduce(float32[4], sum) at skip.py:6"]),
+    ("crash.py", ["rank 1 crashed (ValueError: rank 1 fails on purpose at crash.py:7)",
+                  "rank 0 wait in all_reduce(float32[4], sum) at crash.py:8"]),
+    ("deadlock.py", ["deadlock: rank ", "all_reduce(float32[4], sum) at deadlock.py:9",
+                     "all_reduce(float32[4], sum) at deadlock.py:11", "c10d group name '1'"]),
+])
+def test_broken_scripts_end_within_seconds_with_one_diagnosis(script, expected, tmp_path):
+    result, seconds = _launch(script, tmp_path)
+    assert not result.ok and any(result.exit_codes)
+    summary = result.summary()
+    for text in expected:
+        assert text in summary, summary
+    assert seconds < 30, f"took {seconds:.1f} s"
+
+
+def test_a_rank_killed_by_a_signal_is_named(tmp_path):
+    script = tmp_path / "killed.py"
+    script.write_text("import os, signal, torch, torch.distributed as dist\n"
+                      "dist.init_process_group('tpusim')\n"
+                      "if dist.get_rank() == 1:\n"
+                      "    os.kill(os.getpid(), signal.SIGKILL)\n"
+                      "dist.all_reduce(torch.ones(2, device='tpu'))\n")
+    from tpusim.backend.distributed.launcher import launch
+
+    result = launch(script, [], 2, 4, tmp_path / "out", stream=open(os.devnull, "w"))  # noqa: SIM115
+    assert "rank 1 crashed (killed by SIGKILL)" in result.summary()
+
+
+def test_gpt_with_fsdp_and_tp_runs_as_rank_0_of_512(tmp_path):
+    result = tpusim("run", "examples/fsdp_tp_gpt.py", "--topology", "3d:8x8x8", "--quiet", "--compare-placements",
+                    "--out", str(tmp_path), "--", "--layers", "1", "--d-model", "128", "--heads", "8", "--tp", "8",
+                    "--seq", "32", "--steps", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    dist = report["distributed"]
+    assert dist["ranks"] == "one" and dist["world_size"] == 512 and dist["placement"] == "tp=x,fsdp=yz"
+    collectives = report["modes"]["strict"]["collectives"]
+    by_size = {c["group_size"] for c in collectives}
+    assert {8, 64} <= by_size                            # tp groups on x, fsdp groups on the y-z plane
+    assert all(c["time_s"] > 0 for c in collectives)
+    assert report["placements"]["ranked"][0]["placement"] == "tp=x,fsdp=yz"
+    assert "placements (ranked by step time)" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(reason="shape-only storages have no data pointer; FSDP2 reads untyped_storage().data_ptr() "
+                          "(backend shim fix requested)", strict=False)
+def test_gpt_shape_only_on_512_chips(tmp_path):
+    result = tpusim("run", "examples/fsdp_tp_gpt.py", "--topology", "3d:8x8x8", "--numerics", "off", "--quiet",
+                    "--out", str(tmp_path), "--", "--layers", "2", "--d-model", "1024", "--heads", "16", "--tp", "8")
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["complete"], result.stderr[-2000:]
+    assert report["program"]["collectives"] > 0

@@ -55,7 +55,7 @@ def test_report_has_the_documented_sections(priced):
     assert sum(strict["device_s"].values()) == pytest.approx(strict["total_s"], rel=1e-6)
     assert strict["top_ops"][0]["source"].startswith("model.py:")
     assert strict["hbm"]["peak_bytes"] == C.nbytes
-    assert report["program"] == {"ops": 6, "collectives": 0, "syncs": 3, "steps": 3,
+    assert report["program"] == {"ops": 6, "collectives": 0, "syncs": 3, "steps": 3, "ranks_recorded": 1,
                                  "model_flops": 3 * (2 * 64 * 128 * 64 + 8 * 64 * 64)}
 
 

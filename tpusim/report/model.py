@@ -11,7 +11,8 @@ Schema ``tpusim-report`` version 1::
                                world_size, modes, numerics, target
     chip                       name, display_name and the peaks the report compares against
     slice                      Slice.to_dict(): chips, dims, wrap, links, diameter, bisection
-    program                    what the trace holds: ops, collectives, syncs, steps, model_flops
+    program                    what one rank's trace holds: ops, collectives, syncs, steps, model_flops;
+                               ranks_recorded (1, or every rank with --ranks all)
     modes.<mode>               one entry per eager mode priced (debug, strict, fused):
       total_s                  simulated wall time of the whole program
       steps_s                  every step's time; first_step_s (compile/warm-up) separately;
@@ -116,10 +117,14 @@ def chip_summary(chip: ChipSpec) -> dict[str, Any]:
 
 
 def program_summary(trace: Trace) -> dict[str, Any]:
-    ops = trace.of_kind(OpRecord)
-    return {"ops": len(ops), "collectives": len(trace.of_kind(CollectiveRecord)),
-            "syncs": sum(1 for r in trace.of_kind(HostRecord) if r.event == "sync"),
-            "steps": len(trace.of_kind(StepMarker)), "model_flops": sum(op.flops for op in ops)}
+    """Counts for one rank (the lowest recorded): with --ranks all every rank ran the program."""
+    ranks = sorted({r.rank for r in trace.records})
+    records = [r for r in trace.records if r.rank == ranks[0]] if ranks else []
+    ops = [r for r in records if isinstance(r, OpRecord)]
+    return {"ops": len(ops), "collectives": sum(isinstance(r, CollectiveRecord) for r in records),
+            "syncs": sum(isinstance(r, HostRecord) and r.event == "sync" for r in records),
+            "steps": sum(isinstance(r, StepMarker) for r in records), "model_flops": sum(op.flops for op in ops),
+            "ranks_recorded": len(ranks)}
 
 
 def mode_report(timeline: Timeline, trace: Trace, chip: ChipSpec) -> dict[str, Any]:

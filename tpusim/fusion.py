@@ -1,0 +1,506 @@
+"""Fused eager: cut the op stream into windows and group each window into fused kernels.
+
+Why: every eager op on a TPU is one kernel launch that reads its inputs from HBM and writes
+its outputs back. A fused kernel pays one launch and keeps the values that never leave it in
+on-chip memory, so a chain of small elementwise ops costs about what its first input and last
+output cost to move. ``fuse(records, chip)`` is a pure trace transform; ``tpusim.modes``
+turns it into the Fused eager policy.
+
+**Windows** (what the host records before anything runs) end at:
+
+- host syncs and copies (``sync``, ``h2d``, ``d2h``): the host needs a value, so the
+  window must run now;
+- collectives: they stay their own kernels (the network prices them);
+- non-fusible ops (role ``opaque``): SparseCore and DMA work, ops the backend had no cost
+  rule for (no FLOPs, no transcendentals: we do not know what they do), and the names
+  listed as opaque in ``ROLE_BY_OP`` (sorts, data-dependent shapes);
+- step markers (a step's end is a natural flush point and keeps steps comparable);
+- ``WINDOW_OPS`` ops.
+
+**Grouping.** Within a window, ops are taken in program order and grouped by data
+dependence (which write of which storage id each input reads). An op joins the kernel(s)
+that produced its inputs when the rules of its role allow (``RULES``):
+
+- elementwise ops join their producers (chains, and prologues/epilogues of anchors);
+- a reduction joins its producers (elementwise prologue); later elementwise ops join it
+  (epilogue); at most one anchor (reduction or contraction) per kernel;
+- a contraction (matmul, convolution: the MXU) never takes its producers into its kernel
+  (no prologue), but elementwise consumers join it as epilogues.
+
+If an op reads from several kernels, they merge when the merged kernel keeps one anchor,
+keeps contractions without prologue, and creates no cycle (a kernel outside it that needs
+it and that it needs); otherwise the op joins its most recent compatible producer, or
+starts a kernel. Write-after-read and write-after-write on a storage are ordering edges
+too. Kernels are emitted in a dependency order (earliest first op first).
+
+**Bytes.** A fused kernel reads each value that enters it once and writes the values that
+leave it. A value produced in the kernel is read from on chip by the kernel's own ops; it
+stays on chip (its write is not counted) when all its readers are in the kernel and it dies
+inside the window: its storage is freed, or wholly overwritten, before the window ends. A
+value read later (saved for backward, read by a collective or another kernel) or still held
+by the user when the window ends leaves the kernel: the user may read it (``.cpu()`` does not
+name the tensors it copies, so "held at the cut" is the safe test).
+
+**On-chip capacity.** The values kept on chip are bounded by ``chip.vmem_bytes`` (one
+TensorCore's VMEM): the kernel's peak of live on-chip values (from the op that writes one to
+its last reader inside the kernel) must fit. When it does not, the largest values spill:
+each spilled value's write and its reads inside the kernel are counted as HBM traffic. The
+kernel is not split, so its launch count stays; this is conservative (XLA tiles a fused
+kernel, so its real footprint is a tile, not whole tensors).
+
+**Memory records** of a window stay as close to their ops as the kernel order allows: an
+alloc goes just before the first kernel holding an op that followed it, a free just after
+the last kernel holding an op that preceded it. The alloc/free pairs of storages whose every
+value stayed on chip are dropped (they never touch HBM).
+
+Adding a fusion rule = one entry in ``ROLE_BY_OP`` (what an op is) or ``RULES`` (what a
+role may fuse with).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import heapq
+import itertools
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tpusim.spec import ChipSpec
+from tpusim.trace import CollectiveRecord, HostRecord, MemoryRecord, OpRecord, Record, StepMarker, TensorMeta
+
+# Ops a window may hold. Large enough for an optimizer step: PyTorch's default (foreach)
+# optimizers run each update stage for every parameter before the next stage, so one
+# parameter's chain (lerp, mul, addcmul, sqrt, div, addcdiv...) spans params x stages ops,
+# ~250 for 50 parameters x 5 stages; at 64 such chains are cut and barely fuse. Small enough to
+# bound what a window costs: the device waits while the host records it (256 x ~7.5 us ~ 2 ms,
+# hidden behind the previous window's kernels in a long step), the grouping pass is quadratic
+# in the window, and a window is the largest region the compile cache keys on.
+WINDOW_OPS = 256
+WINDOW_REASON = "fused_window"   # HostRecord reason of the host time spent recording a window
+MAX_NAME_PARTS = 6               # a kernel name lists at most this many op names
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What an op of one role may do inside a fused kernel."""
+
+    fusible: bool = True            # False: runs alone and cuts the window
+    anchor: bool = False            # at most one anchor (reduction, contraction) per kernel
+    takes_producers: bool = True    # may read values produced inside its own kernel (a prologue)
+
+
+RULES: dict[str, Rule] = {
+    "elementwise": Rule(),
+    "reduction": Rule(anchor=True),
+    "contraction": Rule(anchor=True, takes_producers=False),
+    "opaque": Rule(fusible=False, takes_producers=False),
+}
+ROLE_BY_UNIT = {"vpu": "elementwise", "mxu": "contraction", "sparsecore": "opaque", "dma": "opaque"}
+# Base op name (no "aten::", overload or trailing "_") -> role, where the unit's default is wrong.
+ROLE_BY_OP: dict[str, str] = {
+    **dict.fromkeys((
+        "sum", "mean", "amax", "amin", "max", "min", "aminmax", "var", "std", "var_mean", "std_mean", "norm",
+        "linalg_vector_norm", "prod", "argmax", "argmin", "logsumexp", "all", "any", "count_nonzero",
+        "cumsum", "cumprod", "_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
+        "native_layer_norm", "native_layer_norm_backward", "native_batch_norm", "native_batch_norm_backward",
+        "_native_batch_norm_legit", "native_group_norm", "native_group_norm_backward", "_fused_rms_norm",
+        "nll_loss_forward", "nll_loss2d_forward", "mse_loss", "binary_cross_entropy_with_logits",
+    ), "reduction"),
+    **dict.fromkeys((
+        "sort", "argsort", "topk", "kthvalue", "median", "nanmedian", "mode", "nonzero", "unique",
+        "_unique2", "unique_consecutive", "multinomial", "randperm", "_local_scalar_dense",
+    ), "opaque"),
+}
+
+
+def base_name(op: str) -> str:
+    """"aten::add_.Tensor" -> "add": in-place, out and overload variants share a role."""
+    short = op.removeprefix("aten::").split(".")[0]
+    if short.endswith("_") and not short.endswith("__"):
+        short = short[:-1]
+    return short
+
+
+def role_of(op: OpRecord) -> str:
+    """The fusion role of one op (a key of ``RULES``)."""
+    if op.unit not in ("vpu", "mxu") or (op.flops == 0 and op.transcendentals == 0):
+        return "opaque"
+    return ROLE_BY_OP.get(base_name(op.op), ROLE_BY_UNIT[op.unit])
+
+
+@dataclass(frozen=True)
+class FusedKernel(OpRecord):
+    """An op record standing for a region of one or more ops compiled and launched as one kernel.
+
+    ``parts`` are the original records; ``wiring`` says where each part's inputs come from
+    (("in", i): the kernel's i-th entering value; ("op", j, k): part j's k-th output) and
+    ``exits`` which part outputs leave it; both are empty for a single op, so a lone op is the
+    same compile-cache region in every mode.
+    """
+
+    parts: tuple[OpRecord, ...] = ()
+    wiring: tuple[tuple[tuple, ...], ...] = ()
+    exits: tuple[tuple[int, int], ...] = ()
+    onchip_bytes: float = 0.0       # HBM bytes saved: on-chip intermediates' writes and reads
+    reused_bytes: float = 0.0       # HBM bytes saved: a value entering once, read by several parts
+    spilled_bytes: float = 0.0      # on-chip traffic that did not fit VMEM, counted as HBM
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return tuple(p.source for p in self.parts)
+
+
+@dataclass(frozen=True)
+class FusionStats:
+    """What fusion did to one record stream (for the report)."""
+
+    ops: int = 0                    # ops that went into windows
+    kernels: int = 0                # kernels those windows became
+    windows: int = 0
+    cuts: dict[str, int] = field(default_factory=dict)   # why windows ended: sync, collective, size, ...
+    onchip_bytes: float = 0.0
+    reused_bytes: float = 0.0
+    spilled_bytes: float = 0.0
+
+
+@dataclass(frozen=True)
+class Fused:
+    records: tuple[Record, ...]
+    stats: FusionStats
+
+
+# ---- dataflow: which write of which storage each input reads ------------------------------------
+@dataclass
+class _Value:
+    producer: int                   # record position that wrote it; -1 = written before the trace
+    nbytes: int
+    readers: list[int] = field(default_factory=list)
+    death: int | None = None        # position of its free or full overwrite; None = outlives the trace
+
+
+class _Dataflow:
+    def __init__(self, records: Sequence[Record]) -> None:
+        self.values: list[_Value] = []
+        self.reads: dict[tuple[int, int], int] = {}     # (position, input index) -> value
+        self.writes: dict[tuple[int, int], int] = {}    # (position, output index) -> value
+        current: dict[int, int] = {}                    # storage -> its latest value
+        for pos, rec in enumerate(records):
+            if isinstance(rec, OpRecord | CollectiveRecord):
+                for k, t in enumerate(rec.inputs):
+                    v = current.get(t.storage)
+                    if v is None:
+                        v = current[t.storage] = self._new(-1, t.nbytes)
+                    self.values[v].readers.append(pos)
+                    self.reads[(pos, k)] = v
+                for k, t in enumerate(rec.outputs):
+                    old = current.get(t.storage)
+                    if old is not None and self.values[old].death is None and t.nbytes >= self.values[old].nbytes:
+                        self.values[old].death = pos            # wholly overwritten; partial writes keep it
+                    self.writes[(pos, k)] = current[t.storage] = self._new(pos, t.nbytes)
+            elif isinstance(rec, MemoryRecord):
+                old = current.pop(rec.storage, None)
+                if old is not None and rec.event == "free" and self.values[old].death is None:
+                    self.values[old].death = pos
+
+    def _new(self, producer: int, nbytes: int) -> int:
+        self.values.append(_Value(producer, nbytes))
+        return len(self.values) - 1
+
+    def producers(self, pos: int, rec: OpRecord) -> set[int]:
+        return {self.values[self.reads[(pos, k)]].producer for k in range(len(rec.inputs))}
+
+    def leaves(self, v: int, kernel: set[int], end: int) -> bool:
+        """True when the value must reach HBM: read outside ``kernel`` or alive at the window's end."""
+        value = self.values[v]
+        return value.death is None or value.death >= end or any(r not in kernel for r in value.readers)
+
+
+# ---- grouping -----------------------------------------------------------------------------------
+@dataclass
+class _Group:
+    members: list[int]
+    anchors: int
+    sealed: set[int]                # positions that must stay outside (producers of its contractions)
+    needs: set[int]                 # positions that must run before it
+
+
+class _Grouper:
+    """Greedy program-order grouping of one window's ops (positions) into kernels."""
+
+    def __init__(self, records: Sequence[Record], flow: _Dataflow) -> None:
+        self.records, self.flow = records, flow
+        self.groups: dict[int, _Group] = {}
+        self.group_of: dict[int, int] = {}
+        self.touched: dict[int, list[int]] = {}     # storage -> window positions that read or wrote it
+
+    def add(self, pos: int) -> None:
+        rec = self.records[pos]
+        role = role_of(rec)
+        rule = RULES[role]
+        producers = {p for p in self.flow.producers(pos, rec) if p in self.group_of}
+        hazards = {p for t in rec.outputs for p in self.touched.get(t.storage, ())}
+        group = _Group([pos], int(rule.anchor), set() if rule.takes_producers else producers,
+                       producers | hazards)
+        sources = sorted({self.group_of[p] for p in producers}, reverse=True)
+        if rule.takes_producers and sources:
+            options = [sources] + ([[g] for g in sources] if len(sources) > 1 else [])
+            for option in options:
+                if self._can_merge(option, group):
+                    group = self._merge(option, group)
+                    break
+        gid = min(group.members)
+        self.groups[gid] = group
+        for p in group.members:
+            self.group_of[p] = gid
+        for t in (*rec.inputs, *rec.outputs):
+            self.touched.setdefault(t.storage, []).append(pos)
+
+    def _can_merge(self, gids: list[int], new: _Group) -> bool:
+        groups = [self.groups[g] for g in gids]
+        members = {p for g in groups for p in g.members} | set(new.members)
+        if new.anchors + sum(g.anchors for g in groups) > 1:
+            return False
+        if any(g.sealed & members for g in groups):
+            return False
+        # A cycle: some kernel outside the merge that the merge needs, and that needs the merge.
+        outside = {self.group_of[p] for g in (*groups, new) for p in g.needs} - set(gids)
+        seen, stack = set(), list(outside)
+        while stack:
+            gid = stack.pop()
+            if gid in seen:
+                continue
+            seen.add(gid)
+            needs = self.groups[gid].needs
+            if needs & members:
+                return False
+            stack.extend({self.group_of[p] for p in needs} - seen - set(gids))
+        return True
+
+    def _merge(self, gids: list[int], new: _Group) -> _Group:
+        groups = [self.groups.pop(g) for g in gids]
+        members = sorted({p for g in (*groups, new) for p in g.members})
+        needs = {p for g in (*groups, new) for p in g.needs} - set(members)
+        sealed = {p for g in (*groups, new) for p in g.sealed}
+        return _Group(members, sum(g.anchors for g in (*groups, new)), sealed, needs)
+
+    def kernels(self) -> list[list[int]]:
+        """Groups in a dependency order, earliest first member first."""
+        deps = {gid: {self.group_of[p] for p in g.needs} - {gid} for gid, g in self.groups.items()}
+        users: dict[int, set[int]] = {gid: set() for gid in self.groups}
+        for gid, ds in deps.items():
+            for d in ds:
+                users[d].add(gid)
+        ready = [gid for gid, ds in deps.items() if not ds]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            gid = heapq.heappop(ready)
+            order.append(self.groups[gid].members)
+            for user in users[gid]:
+                deps[user].discard(gid)
+                if not deps[user]:
+                    heapq.heappush(ready, user)
+        return order
+
+
+# ---- one fused kernel ---------------------------------------------------------------------------
+def _kernel(records: Sequence[Record], flow: _Dataflow, members: list[int], end: int,
+            chip: ChipSpec) -> tuple[FusedKernel, set[int]]:
+    """The record of one kernel and the values it keeps on chip."""
+    parts: tuple[OpRecord, ...] = tuple(records[p] for p in members)
+    if len(parts) == 1:
+        only = parts[0]
+        fields = {f.name: getattr(only, f.name) for f in dataclasses.fields(OpRecord)}
+        return FusedKernel(**fields, parts=parts), set()
+    inside = set(members)
+    index = {p: i for i, p in enumerate(members)}
+    produced = {flow.writes[(p, k)]: (index[p], k) for p in members for k in range(len(records[p].outputs))}
+    leaving = {v for v in produced if flow.leaves(v, inside, end)}
+    last_read = {v: max([index[r] for r in flow.values[v].readers if r in inside], default=produced[v][0])
+                 for v in produced}
+    resident = {v for v in produced if v not in leaving or last_read[v] > produced[v][0]}
+    spilled = _spill(resident, produced, last_read, flow, chip.vmem_bytes)
+
+    inputs: list[TensorMeta] = []
+    entered: dict[int, int] = {}
+    wiring: list[tuple[tuple, ...]] = []
+    internal = reused = spill_bytes = 0.0
+    for p, part in zip(members, parts):
+        wires = []
+        for k, t in enumerate(part.inputs):
+            v = flow.reads[(p, k)]
+            if v in produced:
+                wires.append(("op", *produced[v]))
+                if v in spilled:
+                    spill_bytes += t.nbytes
+                else:
+                    internal += t.nbytes
+            else:
+                if v in entered:
+                    reused += t.nbytes
+                else:
+                    entered[v] = len(inputs)
+                    inputs.append(t)
+                wires.append(("in", entered[v]))
+        wiring.append(tuple(wires))
+    outputs: list[TensorMeta] = []
+    exits: list[tuple[int, int]] = []
+    kept_writes = 0.0
+    for p, part in zip(members, parts):
+        for k, t in enumerate(part.outputs):
+            v = flow.writes[(p, k)]
+            if v in leaving:
+                outputs.append(t)
+                exits.append((index[p], k))
+            elif v in spilled:
+                spill_bytes += t.nbytes
+            else:
+                kept_writes += t.nbytes
+    kept = set(produced) - leaving - spilled
+    anchor = next((q for q in parts if role_of(q) == "contraction"), None)
+    first = parts[0]
+    record = FusedKernel(
+        seq=first.seq, op=_kernel_name(parts), unit="mxu" if anchor else "vpu",
+        dtype=(anchor or first).dtype, inputs=tuple(inputs), outputs=tuple(outputs),
+        flops=sum(q.flops for q in parts), transcendentals=sum(q.transcendentals for q in parts),
+        bytes_read=max(0.0, sum(q.bytes_read for q in parts) - internal - reused),
+        bytes_written=max(0.0, sum(q.bytes_written for q in parts) - kept_writes),
+        matmul=anchor.matmul if anchor else None, source=first.source, rank=first.rank,
+        parts=parts, wiring=tuple(wiring), exits=tuple(exits), onchip_bytes=internal + kept_writes, reused_bytes=reused,
+        spilled_bytes=spill_bytes)
+    return record, kept
+
+
+def _spill(resident: set[int], produced: dict[int, tuple[int, int]], last_read: dict[int, int],
+           flow: _Dataflow, capacity: int) -> set[int]:
+    """Values to count as HBM traffic so the peak of live on-chip values fits ``capacity``."""
+    spilled: set[int] = set()
+    live = set(resident)
+    while live:
+        span = max(last_read[v] for v in live) + 1
+        peak = max(sum(flow.values[v].nbytes for v in live if produced[v][0] <= i <= last_read[v])
+                   for i in range(span))
+        if peak <= capacity:
+            break
+        victim = max(sorted(live, key=lambda v: produced[v]), key=lambda v: flow.values[v].nbytes)
+        live.discard(victim)
+        spilled.add(victim)
+    return spilled
+
+
+def _kernel_name(parts: Sequence[OpRecord]) -> str:
+    names = [base_name(p.op) for p in parts]
+    if len(names) > MAX_NAME_PARTS:
+        return f"fused[{'+'.join(names[:MAX_NAME_PARTS - 1])}+...+{names[-1]}]({len(names)} ops)"
+    return f"fused[{'+'.join(names)}]"
+
+
+# ---- windows ------------------------------------------------------------------------------------
+def _cut_reason(rec: Record) -> str:
+    if isinstance(rec, HostRecord):
+        return rec.event
+    if isinstance(rec, CollectiveRecord):
+        return "collective"
+    if isinstance(rec, StepMarker):
+        return "step"
+    return "opaque"
+
+
+def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.0) -> Fused:
+    """Group ``records`` into fused kernels (see the module docstring).
+
+    ``host_s_per_op`` > 0 adds, at each window's flush, one ``dispatch`` host record of
+    that many seconds per op in the window (reason ``WINDOW_REASON``): the host recording
+    the window while the device waits for it.
+    """
+    records = list(records)
+    flow = _Dataflow(records)
+    out: list[Record] = []
+    window: list[int] = []
+    held: list[tuple[int, MemoryRecord]] = []       # (position, record) of the window's memory records
+    totals = Counter()
+    cuts: Counter[str] = Counter()
+
+    def flush(end: int, reason: str) -> None:
+        if not window:
+            out.extend(m for _, m in held)
+            held.clear()
+            return
+        grouper = _Grouper(records, flow)
+        for pos in window:
+            grouper.add(pos)
+        kernels, kept, emitted = [], set(), {}
+        for members in grouper.kernels():
+            kernel, on_chip = _kernel(records, flow, members, end, chip)
+            emitted.update(dict.fromkeys(members, len(kernels)))
+            kernels.append(kernel)
+            kept |= on_chip
+        memory = [m for _, m in held]
+        dropped = _on_chip_storages(records, flow, window, kept, memory)
+        first = records[window[0]]
+        if host_s_per_op > 0:
+            out.append(HostRecord(seq=first.seq, event="dispatch", reason=WINDOW_REASON,
+                                  seconds=len(window) * host_s_per_op, source=first.source, rank=first.rank))
+        out.extend(_interleave(kernels, [(q, m) for q, m in held if m.storage not in dropped], emitted))
+        totals.update(ops=len(window), kernels=len(kernels), windows=1,
+                      onchip=sum(k.onchip_bytes for k in kernels), reused=sum(k.reused_bytes for k in kernels),
+                      spilled=sum(k.spilled_bytes for k in kernels))
+        cuts[reason] += 1
+        window.clear()
+        held.clear()
+
+    for pos, rec in enumerate(records):
+        if isinstance(rec, OpRecord) and RULES[role_of(rec)].fusible:
+            if len(window) == WINDOW_OPS:
+                flush(pos, "size")
+            window.append(pos)
+        elif isinstance(rec, MemoryRecord):
+            held.append((pos, rec))
+        elif isinstance(rec, HostRecord) and rec.event == "dispatch":
+            out.append(rec)
+        else:
+            flush(pos, _cut_reason(rec))
+            out.append(rec)
+    flush(len(records), "end")
+    stats = FusionStats(ops=totals["ops"], kernels=totals["kernels"], windows=totals["windows"],
+                        cuts=dict(sorted(cuts.items())), onchip_bytes=float(totals["onchip"]),
+                        reused_bytes=float(totals["reused"]), spilled_bytes=float(totals["spilled"]))
+    return Fused(records=tuple(out), stats=stats)
+
+
+def _interleave(kernels: list[FusedKernel], memory: list[tuple[int, MemoryRecord]],
+                emitted: dict[int, int]) -> list[Record]:
+    """Kernels in emission order with each memory record where it is safe and tight: an alloc just
+    before the first kernel holding an op after it, a free just after the last kernel holding an op
+    before it (so every writer follows its alloc and every reader precedes its free)."""
+    ops = sorted(emitted)
+    first_after = list(itertools.accumulate((emitted[p] for p in reversed(ops)), min, initial=len(kernels)))[::-1]
+    last_before = list(itertools.accumulate((emitted[p] for p in ops), max, initial=-1))
+    before: dict[int, list[MemoryRecord]] = {}
+    after: dict[int, list[MemoryRecord]] = {}
+    for q, m in memory:
+        cut = bisect.bisect_left(ops, q)        # ops[:cut] ran before the record, ops[cut:] after it
+        if m.event == "alloc":
+            before.setdefault(first_after[cut], []).append(m)
+        else:
+            after.setdefault(last_before[cut], []).append(m)
+    out: list[Record] = list(after.get(-1, []))
+    for i, kernel in enumerate(kernels):
+        out += [*before.get(i, []), kernel, *after.get(i, [])]
+    return out + before.get(len(kernels), [])
+
+
+def _on_chip_storages(records: Sequence[Record], flow: _Dataflow, window: list[int], kept: set[int],
+                      held: list[MemoryRecord]) -> set[int]:
+    """Storages allocated and freed in this window whose every value stayed on chip: never in HBM."""
+    allocated = {m.storage for m in held if m.event == "alloc"}
+    freed = {m.storage for m in held if m.event == "free"}
+    candidates = allocated & freed
+    written: dict[int, bool] = {}
+    for pos in window:
+        for k, t in enumerate(records[pos].outputs):
+            if t.storage in candidates:
+                written[t.storage] = written.get(t.storage, True) and flow.writes[(pos, k)] in kept
+    return {s for s, all_kept in written.items() if all_kept}

@@ -105,12 +105,15 @@ class _Call:
     def tensor(self, t: object) -> object:
         if not isinstance(t, torch.Tensor):
             if isinstance(t, (int, float, bool, complex)):   # a wrapped number: back to a 0-dim tensor
-                return torch.tensor(t)
+                t = torch.tensor(t)
+                return t if STATE.numerics else t.to(STATE.host_device)
             return t                                          # None
         dev = t.device
         if dev.type != "tpu":
             if self.cpu_arg is None and t.dim() > 0 and not self.plan.cpu_ok:
                 self.cpu_arg = t
+            if not STATE.numerics and t.dim() == 0 and dev.type == "cpu":  # meta kernels refuse CPU scalars
+                return t.to(STATE.host_device)
             return t
         if self.device < 0:
             self.device = dev.index

@@ -71,15 +71,18 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2, help="sequences per fsdp rank")
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--vocab", type=int, default=512)
-    parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--tp", type=int, default=2, help="tensor-parallel degree (the innermost mesh dim)")
+    parser.add_argument("--tp", type=int, default=0,
+                        help="tensor-parallel degree, the innermost mesh dim (default: 8, one torus axis of a "
+                             "big slice, or 2 on small worlds)")
     args = parser.parse_args()
 
     dist.init_process_group("tpusim")
     world, rank = dist.get_world_size(), dist.get_rank()
-    tp = min(args.tp, world)
+    tp = args.tp or (8 if world % 8 == 0 and world > 8 else 2 if world % 2 == 0 else 1)
+    tp = min(tp, world)
     mesh = init_device_mesh("tpu", (world // tp, tp), mesh_dim_names=("fsdp", "tp"))
 
     torch.manual_seed(0)

@@ -14,6 +14,9 @@
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
+
+#include <sys/mman.h>
+#include <unistd.h>
 #include <unordered_set>
 
 namespace tpusim {
@@ -32,6 +35,8 @@ struct Block {
   size_t bytes;
   c10::DeviceIndex device;
   void* owned;                                    // from aligned_alloc, or null
+  void* fake;                                     // shape-only: reserved PROT_NONE address range, or null
+  size_t fake_bytes;
   c10::intrusive_ptr<c10::StorageImpl> adopted;   // host storage we took over, or null
 };
 
@@ -103,18 +108,42 @@ void delete_block(void* ctx) {
   if (b->owned != nullptr) {
     std::free(b->owned);
   }
+  if (b->fake != nullptr) {
+    munmap(b->fake, b->fake_bytes);
+  }
   delete b;
+}
+
+// Shape-only mode: a storage has no host memory, but torch code compares and tests storage
+// pointers (FSDP2's reset_sharded_param reads untyped_storage().data_ptr(), which refuses null
+// with nonzero bytes). So each block gets its own address range reserved with PROT_NONE: unique,
+// non-overlapping while live, costs no memory, and any dereference faults instead of reading
+// garbage. Values are never read through it: host aliases are meta tensors in this mode.
+void* reserve_fake(size_t nbytes, size_t* reserved) {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  *reserved = (nbytes + page - 1) / page * page;
+  void* p = mmap(nullptr, *reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
 }
 
 c10::DataPtr make_block(size_t nbytes, c10::DeviceIndex device, c10::intrusive_ptr<c10::StorageImpl> adopted) {
   check_device_index(device);
   const int64_t id = g_next_id.fetch_add(1);
   charge(device, nbytes, id);
-  auto* b = new Block{id, nbytes, device, nullptr, std::move(adopted)};
+  auto* b = new Block{id, nbytes, device, nullptr, nullptr, 0, std::move(adopted)};
   void* data = nullptr;
   if (b->adopted) {
     data = b->adopted->mutable_data();
-  } else if (nbytes > 0 && !config().no_data) {
+  } else if (nbytes > 0 && config().no_data) {
+    b->fake = reserve_fake(nbytes, &b->fake_bytes);
+    if (b->fake == nullptr) {
+      release(b);
+      delete b;
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "tpusim: could not reserve ", format_size(nbytes),
+                       " of address space for a shape-only tpu:", static_cast<int>(device), " storage");
+    }
+    data = b->fake;
+  } else if (nbytes > 0) {
     b->owned = std::aligned_alloc(64, (nbytes + 63) / 64 * 64);
     if (b->owned == nullptr) {
       release(b);
@@ -132,7 +161,7 @@ struct DeviceAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override { return make_block(nbytes, current_device(), {}); }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* dst, const void* src, std::size_t count) const override {
-    if (count > 0 && dst != nullptr && src != nullptr) {
+    if (count > 0 && dst != nullptr && src != nullptr && !config().no_data) {
       std::memcpy(dst, src, count);
     }
   }
@@ -193,7 +222,7 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes) {
   const c10::DeviceIndex device = storage->device().index() >= 0 ? storage->device().index() : current_device();
   c10::DataPtr fresh = make_block(nbytes, device, {});
   const void* src = storage->data();
-  if (fresh.get() != nullptr && src != nullptr) {
+  if (fresh.get() != nullptr && src != nullptr && !config().no_data) {
     std::memcpy(fresh.get(), src, std::min<size_t>(old, nbytes));
   }
   storage->set_data_ptr_noswap(std::move(fresh));

@@ -11,6 +11,7 @@ Importing this package registers the device (it also happens at ``import torch``
 
 Map: shim.py (compile/load csrc/), device.py (registration), tpu_module.py (torch.tpu),
 fallback.py (the boxed fallback), kernels.py (hand-written kernels table), policy.py (float64),
+debug.py (debug eager mode: NaN/Inf check and log per op),
 costs.py (cost rules), recorder.py (trace), source.py (user source lines), compiler.py
 (Dynamo/Inductor takeover), config.py (TPUSIM_* environment variables).
 """
@@ -50,10 +51,12 @@ except Exception as _err:  # at `import torch`, warn instead of breaking torch f
     _warnings.warn(f"tpusim: the tpu device was not registered during `import torch`: {_err} "
                    f"(TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns the autoload off)", RuntimeWarning, stacklevel=2)
 
+from tpusim.backend.debug import TpuNonFiniteError  # noqa: E402
 from tpusim.backend.policy import TpuFloat64Warning, non_native_ops  # noqa: E402
 from tpusim.backend.recorder import Recording, recording, start, step, stop  # noqa: E402
 
-__all__ = ["Recording", "TpuFloat64Warning", "non_native_ops", "recording", "start", "step", "stop"]
+__all__ = ["Recording", "TpuFloat64Warning", "TpuNonFiniteError", "non_native_ops", "recording", "start", "step",
+           "stop"]
 
 
 from tpusim.backend.compile import compile_stats, dump_stablehlo  # noqa: E402,F401  (torch.compile backend="tpu")

@@ -8,7 +8,7 @@ device up at import); Dynamo/Inductor are taken over lazily (backend/compiler.py
 from __future__ import annotations
 
 import torch
-from tpusim.backend import compiler, fallback, recorder, shim, tpu_module
+from tpusim.backend import compiler, debug, fallback, recorder, shim, tpu_module
 from tpusim.backend.config import load_config
 from tpusim.backend.state import STATE
 
@@ -41,4 +41,25 @@ def register() -> None:
     fallback.install()
     recorder.install()
     compiler.install()
+    _register_c10d()
+    from tpusim import eager
+
+    debug.apply_mode(eager.get_eager_mode())       # TPUSIM_EAGER_MODE is checked here, at import
+    eager.on_change(debug.on_change)
     STATE.shim = module
+
+
+def _register_c10d() -> None:
+    """Make "tpusim" the default c10d backend for "tpu" (``init_process_group()`` with no backend,
+    ``init_device_mesh("tpu", ...)``). Only the name is registered here; backend/distributed/ is
+    imported when the first process group is created, so importing the device stays cheap."""
+    import torch.distributed as dist
+
+    if dist.is_available() and "TPUSIM" not in dist.Backend._plugins:
+        dist.Backend.register_backend("tpusim", _create_process_group, extended_api=True, devices=[NAME])
+
+
+def _create_process_group(opts: object, backend_options: object) -> object:
+    from tpusim.backend import distributed  # its import installs the launch-time patches (install())
+
+    return distributed.TpusimProcessGroup(opts, backend_options)

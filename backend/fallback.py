@@ -7,7 +7,8 @@ mutated arguments (in-place, out=) get the kernel's new shape and bytes (``sync_
 
 Per call it also: swaps in the device's generator for random ops (so a seeded tpu program
 draws what the CPU one draws), refuses mixed CPU/tpu inputs where CUDA would, applies the
-float64 policy (backend/policy.py) and hands the op to the recorder when one is active.
+float64 policy (backend/policy.py), hands the op to the recorder when one is active and, in
+debug eager mode, to backend/debug.py (NaN/Inf check at the op).
 Ops whose CPU kernel is wrong for the device are one entry each in backend/kernels.py.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from tpusim.backend import kernels, policy, recorder
+from tpusim.backend import debug, kernels, policy, recorder
 from tpusim.backend.state import STATE
 
 _T, _L, _D, _G, _S = 1, 2, 3, 4, 5  # argument kinds: tensor, tensor list, device, generator, dtype
@@ -180,6 +181,7 @@ def fallback(op: torch._ops.OpOverload, *args: object, **kwargs: object) -> obje
     if call.f64:
         policy.non_native(plan.name, call.inputs)
 
+    input_bad = debug.before(plan, args, kwargs, call.inputs) if STATE.debug else False
     if plan.random and STATE.numerics:
         result = _run_random(op, plan, call, hargs, hkwargs)
     else:
@@ -196,6 +198,8 @@ def fallback(op: torch._ops.OpOverload, *args: object, **kwargs: object) -> obje
     out = _back(shim, call, result)
     if STATE.recording:
         recorder.record_op(op, plan.name, call.inputs, out, args, kwargs, mutated)
+    if STATE.debug:                              # debug eager mode: NaN/Inf check, per-op log
+        debug.after(plan.name, call.inputs, out, mutated, args, kwargs, input_bad)
     return out
 
 

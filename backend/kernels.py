@@ -26,6 +26,26 @@ def _convolution_backward(op: object, a: list, kw: dict) -> tuple:
                                              transposed, output_padding, groups, mask)
 
 
+def _reduced_loss_out(op: torch._ops.OpOverload, a: list, kw: dict) -> torch.Tensor:
+    """``mse_loss.out``/``smooth_l1_loss.out`` with a reduction: the CPU kernel first resizes ``out`` to
+    the elementwise shape (TensorIterator), warning that a 0-dim out "was resized", and then back.
+    CUDA never sees this (its functional kernel makes its own output); the tpu device reaches the
+    out= form through the composite functional, so compute the functional op and write it into out."""
+    out = kw["out"]
+    functional = getattr(aten, op._schema.name.removeprefix("aten::")).default
+    value = functional(*a, **{k: v for k, v in kw.items() if k != "out"})
+    if out.shape != value.shape:          # an out of the wrong shape: resize and warn exactly as CPU does
+        return op._op(*a, **kw)
+    return out.copy_(value)
+
+
+def _zeros(op: object, a: list, kw: dict) -> torch.Tensor:
+    """Autograd's "efficient zero tensor" (sgn's and other gradients) has bytes but no memory (a null
+    data pointer, ZeroTensor key): adopted as device storage it would be read through null. Every
+    tpu tensor lives in HBM, so it is materialised as zeros (what XLA-style backends do)."""
+    return aten.zeros.default(*a, **kw)
+
+
 def _no_op(op: object, a: list, kw: dict) -> None:
     """Streams are synchronous on the simulator: nothing to record."""
     return None
@@ -35,4 +55,7 @@ KERNELS: dict[str, Callable[[object, list, dict], object]] = {
     "aten::convolution_overrideable": _convolution,
     "aten::convolution_backward_overrideable": _convolution_backward,
     "aten::record_stream": _no_op,
+    "aten::_efficientzerotensor": _zeros,
+    "aten::mse_loss.out": _reduced_loss_out,
+    "aten::smooth_l1_loss.out": _reduced_loss_out,
 }

@@ -12,7 +12,9 @@ bytes from backend/costs.py; tensors with ids and storage ids, so views show as 
 device-to-device copies as DMA ops, ``HostRecord`` for host syncs (``.item()``, ``.cpu()``,
 printing, ``torch.tpu.synchronize()``) and host<->device copies, ``MemoryRecord`` for every
 device allocation and free, and ``StepMarker`` at each ``optimizer.step()`` or
-``tpusim.backend.step()``. When no recording is active the fallback pays one attribute check.
+``tpusim.backend.step()``. Layers above add through two public calls: ``record_collective``
+(the c10d backend) and ``set_meta`` (facts for ``trace.meta``). When no recording is active the
+fallback pays one attribute check.
 
 Tensor ids: a tensor is identified by (storage id, offset, shape, strides): two Python objects
 viewing the same bytes the same way are the same tensor for dataflow purposes.
@@ -31,7 +33,17 @@ from tpusim.backend import costs, policy
 from tpusim.backend.source import user_source, user_source_and_print
 from tpusim.backend.state import STATE
 
-from tpusim.trace import HostRecord, MemoryRecord, OpRecord, Record, StepMarker, TensorMeta, Trace, renumber
+from tpusim.trace import (
+    CollectiveRecord,
+    HostRecord,
+    MemoryRecord,
+    OpRecord,
+    Record,
+    StepMarker,
+    TensorMeta,
+    Trace,
+    renumber,
+)
 
 
 @dataclass
@@ -122,6 +134,32 @@ def record_host(event: str, reason: str, nbytes: int = 0) -> None:
         rec.records.append(HostRecord(0, event, reason, nbytes, 0.0, source))
 
 
+def record_collective(kind: str, nbytes: int, group: tuple[int, ...], inputs: list[torch.Tensor],
+                      outputs: list[torch.Tensor], mesh_axis: str = "", reduce_op: str = "", dtype: str = "float32",
+                      async_op: bool = False, source: str | None = None) -> None:
+    """One collective (called by the c10d backend, backend/distributed/): its tensors get the same ids
+    as the op records', so ops reading a collective's output wait for it in the simulator."""
+    rec = _ACTIVE
+    if rec is None:
+        return
+    where = user_source() if source is None else source
+    with rec.lock:
+        _drain_memory(rec)
+        ins = _metas(rec, [t for t in inputs if t.device.type == "tpu"])
+        outs = _metas(rec, [t for t in outputs if t.device.type == "tpu"])
+        rec.records.append(CollectiveRecord(0, kind, int(nbytes), tuple(group), ins, outs, mesh_axis, reduce_op,
+                                            dtype, async_op, where))
+
+
+def set_meta(key: str, value: object) -> None:
+    """Put ``key`` into the active recording's trace meta (no-op when nothing records): facts only a
+    layer above the recorder knows, such as DeviceMesh layouts and --ranks one caveats."""
+    rec = _ACTIVE
+    if rec is not None:
+        with rec.lock:
+            rec.meta[key] = value
+
+
 def _native(kind: str, a: torch.Tensor, b: torch.Tensor | None) -> None:
     """Hook called by the shim's native kernels (copies, item) while recording."""
     rec = _ACTIVE
@@ -169,7 +207,9 @@ def start(meta: dict | None = None) -> Recording:
     global _ACTIVE, _HOOK_HANDLE
     if _ACTIVE is not None:
         raise RuntimeError("tpusim: a recording is already active; nest no recordings")
-    rec = Recording(meta=dict(meta or {}))
+    from tpusim.eager import get_eager_mode
+
+    rec = Recording(meta={"eager_mode": get_eager_mode(), **(meta or {})})   # the mode it started in
     STATE.shim.drain_memory_log()
     STATE.shim.set_memory_log(True)
     STATE.shim.set_native_hook(_native)

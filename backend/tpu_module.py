@@ -106,6 +106,13 @@ def get_device_properties(device: _device_t = None) -> _Properties:
     return _Properties(cfg.chip_display, cfg.chip, cfg.hbm_bytes, 1)
 
 
+def get_eager_mode() -> str:
+    """The active eager mode, "debug", "strict" or "fused" (set with tpusim.set_eager_mode)."""
+    from tpusim.eager import get_eager_mode as active
+
+    return active()
+
+
 def synchronize(device: _device_t = None) -> None:
     """Wait for the device: execution is synchronous, so only the recorder notes the sync."""
     if STATE.recording:

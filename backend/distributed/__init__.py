@@ -1,7 +1,8 @@
 """torch.distributed on the simulated slice: the c10d backend "tpusim" for device "tpu".
 
-    import torch, tpusim.backend.distributed          # registers the backend (install())
-    dist.init_process_group("tpusim")                  # or no backend: "tpusim" is the default for tpu
+    import torch                                       # the device registers the "tpusim" name for "tpu";
+    dist.init_process_group("tpusim")                  # this package loads at the first process group
+                                                       # (or no backend: "tpusim" is the default for tpu)
     mesh = init_device_mesh("tpu", (64, 8), mesh_dim_names=("fsdp", "tp"))
 
 Two ways to run a world (``TPUSIM_RANKS``, set by ``tpusim run --ranks``):

@@ -38,7 +38,6 @@ EXPECTED_FAILURES: dict[tuple[str, str], str] = {
     ("sparse.sampled_addmm", "*"): "sparse layouts are not supported on tpu (strided tensors only)",
     ("to_sparse", "*"): "sparse layouts are not supported on tpu (strided tensors only)",
     ("tensor_split", "*"): "harness moves every sample tensor to tpu; the indices must stay on CPU, as on CUDA",
-    ("sgn", "*"): "crashes only inside a full shard (order-dependent); not reproduced alone yet",
 }
 # ops whose outputs are uninitialized memory: only shapes and dtypes are compared
 UNINITIALIZED = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted"}
@@ -102,8 +101,11 @@ def _run_entry(op: object, dtype: object) -> str:
                         return "cpu"
                     return f"fail: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
             if op.name in UNINITIALIZED:
-                results = [tree_map(lambda x: (list(x.shape), str(x.dtype)) if isinstance(x, torch.Tensor) else x, r)
-                           for r in results]
+                meta = [tree_map(lambda x: (list(x.shape), str(x.dtype)) if isinstance(x, torch.Tensor) else x, r[0])
+                        for r in results]
+                if meta[0] != meta[1]:
+                    return f"fail: shape/dtype mismatch: {meta[1]} vs {meta[0]}"
+                continue
             try:
                 _compare(results[1][0], results[0][0], dtype)
                 _compare(results[1][1], results[0][1], dtype)

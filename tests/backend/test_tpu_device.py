@@ -56,6 +56,39 @@ def test_out_resizing() -> None:
     torch.testing.assert_close(out2.cpu(), torch.full((5,), 3.0))
 
 
+@pytest.mark.parametrize("loss", ["mse_loss", "smooth_l1_loss"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_reduced_losses_do_not_warn_about_resizing(loss: str, reduction: str) -> None:
+    """Their CPU out= kernels resize a 0-dim out twice (and warn); the tpu device must not."""
+    import warnings
+
+    fn = getattr(torch.nn.functional, loss)
+    a, b = torch.randn(4, 3, requires_grad=True), torch.randn(4, 3)
+    ta = a.detach().to("tpu").requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = fn(ta, b.to("tpu"), reduction=reduction)
+        got.sum().backward()
+    want = fn(a, b, reduction=reduction)
+    want.sum().backward()
+    torch.testing.assert_close(got.cpu(), want)
+    torch.testing.assert_close(ta.grad.cpu(), a.grad)
+    out = torch.empty(5, device="tpu")                  # a wrong out still resizes and warns, as on CPU
+    with pytest.warns(UserWarning, match="was resized"):
+        getattr(torch._C._nn, loss)(ta.detach(), b.to("tpu"), 1, out=out)
+    assert out.shape == ()
+
+
+def test_zero_tensor_gradients_are_real_memory() -> None:
+    """sgn's gradient is an "efficient zero tensor" (bytes, null data); it used to segfault when read."""
+    x = torch.randn(5, device="tpu", requires_grad=True)
+    x.sgn().sum().backward()
+    assert not x.grad._is_zerotensor()
+    torch.testing.assert_close(x.grad.cpu(), torch.zeros(5))
+    z = torch.ops.aten._efficientzerotensor([2, 3], device="tpu")
+    torch.testing.assert_close((z + 1).cpu(), torch.ones(2, 3))
+
+
 def test_in_place_returns_same_tensor() -> None:
     x = torch.ones(3, device="tpu")
     y = x.add_(1)

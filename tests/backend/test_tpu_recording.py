@@ -76,3 +76,24 @@ def test_not_recording_records_nothing() -> None:
         pass
     torch.ones(2, device="tpu").sum()
     assert rec.trace is not None and not rec.trace.of_kind(OpRecord)
+
+
+def test_public_collective_and_meta_api() -> None:
+    """What the c10d backend uses: a collective's tensors get the op records' ids; meta lands in the trace."""
+    from tpusim.backend import recorder
+
+    from tpusim.trace import CollectiveRecord
+
+    x = torch.randn(4, 4, device="tpu")
+    recorder.record_collective("all_reduce", 64, (0, 1), [x], [x])      # not recording: a no-op
+    with tb.recording() as rec:
+        y = x * 2
+        recorder.record_collective("all_reduce", 64, (0, 1), [y], [y], mesh_axis="dp", reduce_op="sum",
+                                   dtype="float32", async_op=True, source="here.py:1")
+        recorder.set_meta("note", {"a": 1})
+        _ = y + 1
+    coll = rec.trace.of_kind(CollectiveRecord)
+    assert len(coll) == 1 and coll[0].group == (0, 1) and coll[0].mesh_axis == "dp" and coll[0].async_op
+    mul, add = rec.trace.of_kind(OpRecord)
+    assert coll[0].inputs[0].id == mul.outputs[0].id == add.inputs[0].id
+    assert rec.trace.meta["note"] == {"a": 1}

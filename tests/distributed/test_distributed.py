@@ -40,6 +40,24 @@ def test_ranks_one_follows_the_symmetry_rule():
     assert {e["kind"] for e in out["meta"]["not_reference_correct"]} >= {"all_gather", "reduce_scatter"}
 
 
+def test_tpusim_is_the_default_backend_for_tpu_without_importing_it():
+    code = """
+import sys, torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+print("before", "tpusim.backend.distributed" in sys.modules, dist.Backend.default_device_backend_map["tpu"])
+dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1)
+x = torch.ones(2, device="tpu")
+dist.all_reduce(x)
+mesh = init_device_mesh("tpu", (1,), mesh_dim_names=("dp",))
+from tpusim.backend.distributed import emit
+print("after", "tpusim.backend.distributed" in sys.modules, x.tolist(), emit.MESHES[0]["dim_names"])
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "before False tpusim" in result.stdout and "after True [1.0, 1.0] ['dp']" in result.stdout
+
+
 def test_ranks_all_ddp_fsdp2_and_tensor_parallel_match_one_device(tmp_path):
     result = tpusim("run", str(SCRIPTS / "parity.py"), "--topology", "2d:2x2", "--ranks", "all", "--quiet",
                     "--out", str(tmp_path))

@@ -131,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
 
     os.environ["TPUSIM_CHIP"] = slice_.chip.name
     os.environ["TPUSIM_NUMERICS"] = args.numerics
+    if len(modes) == 1:                      # the script runs in the one mode priced (tpusim/eager.py)
+        os.environ["TPUSIM_EAGER_MODE"] = modes[0]
     progress.say(f"running {script.name} on {slice_.spec} ({slice_.chip.display_name}, "
                  f"{slice_.total_chips} chips), numerics {args.numerics}")
     backend = _import_backend()

@@ -7,6 +7,10 @@ TPUSIM_HBM_BYTES   HBM capacity per device in bytes (default: the chip's; 0 = un
 TPUSIM_NUMERICS    "on" (default) or "off": shape-only mode, no host memory, values unreadable
 TPUSIM_F64         "warn" (default): float64/complex ops run on the host with a warning once
                    per op; "error": they raise; "allow": silent
+
+Read elsewhere, next to what they drive: TPUSIM_EAGER_MODE (tpusim/eager.py: debug, strict or
+fused), TPUSIM_DEBUG_CHECK and TPUSIM_DEBUG_LOG (backend/debug.py: debug mode's NaN/Inf check
+and per-op log).
 """
 
 from __future__ import annotations

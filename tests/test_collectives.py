@@ -212,10 +212,14 @@ def test_twisted_torus_and_irregular_groups_are_priced_from_the_plan():
     s = build_slice("3d:4x4x8", chip=toy(), twisted=True)
     r = simulate_collective(s, "all_reduce", 8e6, axes="x", algorithm="bidi_ring")
     assert r.time_s == pytest.approx(r.closed_form_s, rel=0.01)
-    # an irregular group (every other chip of a ring of 8) is a ring over its ranks, 2 hops an edge:
+    # every other chip of a ring of 8 is a segment of x (stride 2): a ring of 4 with 2-hop edges,
     # 4 ranks, shard 1e6: uni ring 3 x (2 + 1000) = 3006
     r = simulate_collective(line(8, True), "all_gather", 4e6, group=[0, 2, 4, 6], algorithm="ring")
-    assert r.axes == () and us(r) == pytest.approx(3006)
+    assert r.axes == ("x",) and "stride 2" in r.simulated and us(r) == pytest.approx(3006)
+    # an irregular group is a ring over its ranks in order, each edge routed: 0 -> 1 -> 3 -> 0 is
+    # 1, 2 and 3 hops on disjoint channels; shard 1e6: 2 steps x (3 + 1000) = 2006
+    r = simulate_collective(line(8, True), "all_gather", 3e6, group=[0, 1, 3], algorithm="ring")
+    assert r.axes == () and us(r) == pytest.approx(2006)
 
 
 def test_multislice_all_reduce_stages_and_dcn_shard():
@@ -355,3 +359,261 @@ def test_cli_errors_are_one_line_with_exit_2(capsys, argv, match):
     assert err.count("\n") == 0
     import re
     assert re.search(match, err)
+
+
+# ---- sub-axis groups (products of axis segments) -------------------------------------------------
+
+def torus8(**kw):
+    """8x8x8 wrapped torus of the toy chip (the shape of the FSDP x TP trace)."""
+    return build_slice("3d:8x8x8", chip=toy(**kw))
+
+
+def mesh_groups(s, shape=(256, 2)):
+    """Rank 0's groups of each dim of a (fsdp, tp) DeviceMesh under the default placement."""
+    from tpusim.placement import Mesh, default_placement
+
+    mesh = Mesh(("fsdp", "tp"), shape, tuple(range(s.num_chips)))
+    phys = default_placement(mesh, s).physical(s)
+    tp = tuple(phys[r] for r in range(shape[1]))
+    fsdp = tuple(phys[r] for r in range(0, s.num_chips, shape[1]))
+    return tp, fsdp
+
+
+def test_group_shape_describes_the_segments_a_device_mesh_gives():
+    from tpusim.collectives import group_shape
+    from tpusim.collectives.groups import Segment
+
+    s = build_slice("3d:8x8x8")
+    tp, fsdp = mesh_groups(s)
+    assert tp == (0, 1) and fsdp[:5] == (0, 2, 4, 6, 8)
+    assert group_axes(s, tp) is None and group_axes(s, fsdp) is None   # not full lines
+    # tp: a pair of neighbours, a line of 2 (a segment of a ring is a line)
+    assert group_shape(s, tp) == ((0,), (Segment(0, 2, 1, 0, False),))
+    # fsdp: every other chip of x (a ring of 4 with 2-hop edges, it covers the wrapped axis) x y x z
+    assert group_shape(s, fsdp) == ((0, 1, 2), (Segment(0, 4, 2, 0, True), Segment(1, 8, 1, 0, True),
+                                                Segment(2, 8, 1, 0, True)))
+    assert group_shape(s, [0, 1, 2, 3]) == ((0,), (Segment(0, 4, 1, 0, False),))     # half a ring
+    assert group_shape(s, [7, 0]) == ((0,), (Segment(0, 2, 1, 7, False),))           # across the wrap
+    assert group_shape(s, range(8)) == ((0,), ())                                    # a full line
+    assert group_shape(s, [1, 2, 3, 4, 5, 6]) is None      # longer than half the ring: irregular
+    assert group_shape(s, [0, 1, 3]) is None               # not evenly spaced
+    assert group_shape(s, [0, 1, 8, 10]) is None           # not a product
+    assert group_shape(build_slice("3d:4x4x8", twisted=True), [0, 1]) is None  # twisted: full lines only
+
+
+SUB_AXIS = {   # the groups of a (fsdp=256, tp=2) mesh and friends, on the wrapped 8x8x8 toy torus
+    "x pair": [0, 1],
+    "half x": [0, 1, 2, 3],
+    "x stride 2": [0, 2, 4, 6],
+    "x pair across the wrap": [7, 0],
+    "x4 stride 2 * y * z": list(range(0, 512, 2)),
+    "x pair * y": [x + 8 * y for y in range(8) for x in (2, 3)],
+}
+
+
+@pytest.mark.parametrize("spmd", [False, True])
+@pytest.mark.parametrize("name", list(SUB_AXIS))
+def test_sub_axis_groups_des_equals_closed_form(name, spmd):
+    s = torus8()
+    group = SUB_AXIS[name]
+    snakes = ("ring", "bidi_ring") if len(group) <= 64 else ()   # 256-rank snakes: slow, the same code
+    for kind in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
+        for alg in (*snakes, "hierarchical", "multi_axis"):
+            for nbytes in (4096, 8 * 2**20):
+                try:
+                    r = simulate_collective(s, kind, nbytes, group=group, algorithm=alg, spmd=spmd)
+                except TpusimError as e:
+                    assert "does not apply" in str(e)
+                    continue
+                assert r.group_size == len(group)
+                if alg in ("ring", "bidi_ring") and len(r.axes) > 1:
+                    # a snake over several segments, priced by plan.estimate (not hand-written)
+                    assert r.closed_form_s * 0.8 <= r.time_s <= r.closed_form_s * 1.0001
+                    continue
+                assert r.time_s == pytest.approx(r.closed_form_s, rel=0.01), (kind, alg, nbytes, r.simulated)
+                assert closed_form_time(s, kind, nbytes, algorithm=alg, group=group,
+                                        spmd=spmd) == pytest.approx(r.closed_form_s)
+
+
+def test_segments_are_lines_and_strided_rings_by_hand():
+    s = torus8()
+    # x pair: a line of 2, one link each way; shard 1e6: 1 + 1000 for a gather either way
+    assert us(simulate_collective(s, "all_gather", 2e6, group=[0, 1], algorithm="bidi_ring")) == pytest.approx(1001)
+    # half a ring of 8 is a line of 4: bidi pipelines 3 x (1 + 1000) = 3003 (the wrapped 4-ring's
+    # 1502 with its bandwidth term doubled), and folded uni ring 3 x (2 + 1000) = 3006
+    assert us(simulate_collective(s, "all_gather", 4e6, group=[0, 1, 2, 3], algorithm="bidi_ring")) == \
+        pytest.approx(3003)
+    assert us(simulate_collective(s, "all_gather", 4e6, group=[0, 1, 2, 3], algorithm="ring")) == \
+        pytest.approx(3006)
+    # every other chip of the ring: a ring of 4 whose edges are 2 hops: bidi (2 + 1000) + (2 + 500)
+    r = simulate_collective(s, "all_gather", 4e6, group=[0, 2, 4, 6], algorithm="bidi_ring")
+    assert us(r) == pytest.approx(1504) and "stride 2" in r.simulated and "representative" not in r.simulated
+    # with SPMD, the odd chips' group runs too and shares every channel: each step's channel
+    # carries 2 shards: d + 2 x 1000, then d + 2 x 500
+    r = simulate_collective(s, "all_gather", 4e6, group=[0, 2, 4, 6], algorithm="bidi_ring", spmd=True)
+    assert us(r) == pytest.approx(3002) and "SPMD translate" in r.simulated
+
+
+def test_spmd_translates_equal_the_mesh_groups_simulated_together():
+    s = torus8()
+    alone = simulate_collective(s, "all_gather", 8e6, group=[0, 2, 4, 6], algorithm="ring", spmd=True)
+    even, odd = _together(s, ("all_gather", 8e6, dict(group=[0, 2, 4, 6], algorithm="ring")),
+                          ("all_gather", 8e6, dict(group=[1, 3, 5, 7], algorithm="ring")))
+    assert alone.time_s == pytest.approx(even.time_s, rel=1e-9) == pytest.approx(odd.time_s, rel=1e-9)
+    # contiguous segments and full lines have disjoint translates: spmd changes nothing
+    for group in ([0, 1], [0, 1, 2, 3], list(range(8))):
+        a = simulate_collective(s, "all_reduce", 8e6, group=group, algorithm="bidi_ring")
+        b = simulate_collective(s, "all_reduce", 8e6, group=group, algorithm="bidi_ring", spmd=True)
+        assert a.time_s == b.time_s
+
+
+def test_fsdp_group_of_512_chips_simulates_representative_lines():
+    s = build_slice("3d:8x8x8")   # the real v5p
+    tp, fsdp = mesh_groups(s)
+    r = simulate_collective(s, "all_gather", 2**30, group=fsdp, spmd=True)
+    assert r.group_size == 256 and r.axes == ("x", "y", "z")
+    assert r.algorithm in ("hierarchical", "multi_axis")
+    assert "representative" in r.simulated and "stride 2" in r.simulated and "SPMD translate" in r.simulated
+    assert r.time_s == pytest.approx(r.closed_form_s, rel=0.01)
+    # the interleaved tp=1 group halves x's bandwidth: dearer than the group alone, and than the
+    # same shape of contiguous chips (tp on the outer factor of x instead)
+    lone = simulate_collective(s, "all_gather", 2**30, group=fsdp, algorithm=r.algorithm)
+    assert r.time_s > lone.time_s * 1.05
+    r = simulate_collective(s, "all_reduce", 2 * 2**20, group=tp, spmd=True)
+    assert r.group_size == 2 and r.axes == ("x",)
+    assert r.time_s == pytest.approx(r.closed_form_s, rel=0.02)
+
+
+def test_the_chooser_works_for_sub_axis_groups():
+    s = build_slice("3d:8x8x8")
+    tp, fsdp = mesh_groups(s)
+    name, why = choose_algorithm(s, "all_reduce", 1024, group=tp, spmd=True)
+    assert name == "direct" and "cheapest closed form" in why and "latency-bound" in why
+    name, why = choose_algorithm(s, "all_gather", 2**30, group=fsdp, spmd=True)
+    assert name in ("hierarchical", "multi_axis") and "bandwidth-bound" in why
+    costs = {alg: closed_form_time(s, "all_gather", 2**30, algorithm=alg, group=fsdp, spmd=True)
+             for alg in ("hierarchical", "multi_axis", "bidi_ring")}
+    assert costs[name] == min(costs.values())
+
+
+# ---- fast-forward (repeated collectives on an idle network) -----------------------------------------
+
+def _timeline(s, calls, enabled=True):
+    """Collectives started at given times in one environment: (results, per-channel (busy, bytes), flows)."""
+    from tpusim.collectives import fastforward
+
+    fastforward.clear()
+    fastforward.ENABLED = enabled
+    try:
+        env = simpy.Environment()
+        net = Network(env, s)
+
+        def later(at, kind, n, kw):
+            yield env.timeout(at)
+            started = net.flows_started
+            result = yield env.process(collective_process(env, net, kind, n, **kw))
+            return env.now, result, net.flows_started - started
+
+        procs = [env.process(later(at, kind, n, kw)) for at, kind, n, kw in calls]
+        env.run()
+    finally:
+        fastforward.ENABLED = True
+    links = {k: (c.busy_s, c.bytes) for k, c in net.channels.items()}
+    return [p.value for p in procs], links
+
+
+def test_a_repeated_idle_collective_is_not_simulated_again():
+    s = torus8()
+    call = ("all_gather", 8e6, dict(group=[0, 2, 4, 6], spmd=True))
+    (first, second), links = _timeline(s, [(0.0, *call), (0.1, *call)])
+    assert first[2] > 0 and "fast-forwarded" not in first[1].simulated
+    assert second[2] == 0 and "fast-forwarded: ran alone" in second[1].simulated   # no flow started
+    assert second[1].time_s == pytest.approx(first[1].time_s, rel=1e-12)
+    assert second[0] == pytest.approx(0.1 + first[1].time_s)
+    # the links are charged as if it had run: the same as simulating both
+    _, simulated = _timeline(s, [(0.0, *call), (0.1, *call)], enabled=False)
+    assert links.keys() == simulated.keys()
+    for k, (busy, nbytes) in simulated.items():
+        assert links[k] == pytest.approx((busy, nbytes), rel=1e-9)
+
+
+@pytest.mark.parametrize("overhead_ns", [0.0, 5000.0])
+@pytest.mark.parametrize("offset", [0.0, 0.3, 0.9])
+def test_fast_forward_falls_back_to_simulation_under_contention(offset, overhead_ns):
+    # A runs alone (remembered), runs again at 0.1; B (sharing x's channels) starts during the
+    # repeat (or at its very start): the repeat is realized and both equal a full simulation.
+    s = torus8(collective_overhead_ns=overhead_ns)
+    a = ("all_gather", 8e6, dict(group=[0, 2, 4, 6], spmd=True))
+    b = ("all_reduce", 16e6, dict(group=list(range(8)), algorithm="bidi_ring"))
+    (alone,), _ = _timeline(s, [(0.0, *a)])
+    t_b = 0.1 + offset * alone[1].time_s
+    calls = [(0.0, *a), (0.1, *a), (t_b, *b)]
+    fast, fast_links = _timeline(s, calls)
+    full, full_links = _timeline(s, calls, enabled=False)
+    assert "fast-forward undone" in fast[1][1].simulated
+    for (end_f, r_f, _), (end_s, r_s, _) in zip(fast, full, strict=True):
+        assert end_f == pytest.approx(end_s, rel=1e-12)
+        assert r_f.time_s == pytest.approx(r_s.time_s, rel=1e-12)
+    assert fast[2][1].contention_s > 1e-4
+    if offset < 0.5:
+        assert fast[1][1].contention_s > 1e-4   # the repeat itself was slowed down
+    for k, (busy, nbytes) in full_links.items():
+        assert fast_links[k] == pytest.approx((busy, nbytes), rel=1e-9)
+
+
+@pytest.mark.parametrize("overhead_ns", [0.0, 5000.0])
+def test_fast_forward_needs_an_idle_network(overhead_ns):
+    # the repeat starts while B still runs, or in the same instant just after B (still in its
+    # start-up overhead, no flow yet): it is simulated, not held, and all equals a full simulation
+    s = torus8(collective_overhead_ns=overhead_ns)
+    a = ("all_gather", 8e6, dict(group=[0, 2, 4, 6]))
+    b = ("all_reduce", 64e6, dict(group=list(range(8)), algorithm="ring"))
+    for calls in ([(0.0, *a), (0.05, *b), (0.0501, *a)], [(0.0, *a), (0.05, *b), (0.05, *a)]):
+        fast, _ = _timeline(s, calls)
+        full, _ = _timeline(s, calls, enabled=False)
+        assert fast[2][2] > 0 and "fast-forward" not in fast[2][1].simulated
+        assert [x[0] for x in fast] == pytest.approx([x[0] for x in full], rel=1e-12)
+
+
+def test_pricing_a_trace_is_the_same_with_and_without_fast_forward():
+    # an FSDP x TP step on 4x4x4 (mesh fsdp=32, tp=2): async gathers and scatters overlap the TP
+    # all-reduces and each other; whatever is fast-forwarded, the timeline is a full simulation's
+    from tpusim.collectives import fastforward
+    from tpusim.engine import STRICT, simulate
+    from tpusim.trace import CollectiveRecord, HostRecord, OpRecord, TensorMeta, Trace, renumber
+
+    s = build_slice("3d:4x4x4")
+    tp, fsdp = mesh_groups(s, (32, 2))
+
+    def t(i):
+        return TensorMeta(id=i, shape=(2**18,), dtype="float32", nbytes=2**20, storage=i)
+
+    records = []
+    for i in range(12):
+        if i % 4 == 0:   # drain: the next gather starts on an idle network
+            records.append(HostRecord(seq=0, event="sync", reason="synchronize"))
+        records.append(CollectiveRecord(seq=0, collective="all_gather", bytes=2**20, group=fsdp, async_op=True,
+                                        outputs=(t(i),)))
+        records.append(OpRecord(seq=0, op="aten::mm", unit="mxu", dtype="bfloat16", flops=2e9 * (1 + 60 * (i % 2)),
+                                inputs=(t(i - 1),)))
+        records.append(CollectiveRecord(seq=0, collective="all_reduce", bytes=2**21, group=tp))
+        records.append(CollectiveRecord(seq=0, collective="reduce_scatter", bytes=2**25, group=fsdp, async_op=True,
+                                        inputs=(t(100 + i),)))
+    trace = Trace(records=renumber(records), world_size=64)
+    runs = {}
+    for enabled in (False, True):
+        fastforward.clear()
+        fastforward.ENABLED = enabled
+        try:
+            runs[enabled] = simulate(trace, s, policy=STRICT)
+        finally:
+            fastforward.ENABLED = True
+    fast, full = runs[True], runs[False]
+    assert any("fast-forwarded" in c.result.simulated for c in fast.collectives)
+    assert any("undone" in c.result.simulated for c in fast.collectives)
+    assert fast.total_s == pytest.approx(full.total_s, rel=1e-12)
+    for x, y in zip(fast.collectives, full.collectives, strict=True):
+        assert (x.seq, x.start_s, x.end_s) == (y.seq, pytest.approx(y.start_s, rel=1e-12, abs=1e-15),
+                                               pytest.approx(y.end_s, rel=1e-12))
+    busy = {c.key: c.busy_s for c in full.link_stats.channels}
+    assert {c.key: c.busy_s for c in fast.link_stats.channels} == pytest.approx(busy, rel=1e-9)

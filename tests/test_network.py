@@ -111,3 +111,28 @@ def test_link_stats_are_per_directed_channel_busiest_first():
 def test_bad_chunk_size_is_a_clear_error():
     with pytest.raises(TpusimError, match="chunk size"):
         Network(simpy.Environment(), ring8(), 0)
+
+
+def test_a_held_job_is_realized_before_any_other_flow_starts():
+    # the fast-forward hook (tpusim.collectives.fastforward uses it): a job held on an idle
+    # network is told to turn into a real simulation before anyone else's flow starts
+    env = simpy.Environment()
+    net = Network(env, ring8(), 100_000)
+    seen = []
+
+    class Job:
+        def realize(self):
+            seen.append((env.now, net.active_flows, net.flows_started))
+
+    assert net.idle
+    net.hold(Job())
+    assert not net.idle
+
+    def later():
+        yield env.timeout(5 * US)
+        yield net.send((0, 0, 0), (1, 0, 0), 1e6)
+
+    env.process(later())
+    env.run()
+    assert seen == [(pytest.approx(5 * US), 0, 0)]   # called once, before the flow started
+    assert net.idle and net.flows_started == 1 and net.active_flows == 0

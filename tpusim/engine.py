@@ -314,8 +314,11 @@ class _Sim:
         if record.collective == "barrier":
             nbytes = 4
         whole = n == self.slice.total_chips and group == tuple(range(n))
+        # SPMD: the group stands for every group of its mesh dim, all running this collective
+        # (strided groups share links with theirs); MPMD ranks each bring their own group.
         result = yield self.env.process(collective_process(
-            self.env, self.net(), kind, max(nbytes, 1), group=None if whole else group))
+            self.env, self.net(), kind, max(nbytes, 1), group=None if whole else group,
+            spmd=self.symmetric))
         return result
 
     def run(self) -> Timeline:

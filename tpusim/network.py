@@ -28,6 +28,17 @@ Model (what a number from this module means):
 ``link_stats`` reports per-channel busy time, bytes and utilisation (busy / elapsed).
 Only channels some flow used exist (they are created lazily), which is what lets a
 representative-ring simulation of an 8960-chip slice stay small.
+
+**Fast-forward hook.** The network counts the flows in flight (``active_flows``) and started
+(``flows_started``) and the jobs running (``running``: collectives between their start and end,
+counted by their runner), and can hold one *pending* fast-forwarded job (``hold``): something that
+claims to know what it would do on an idle network (the collectives use it to skip a repeated
+collective, see ``tpusim.collectives``). Whoever is about to use the network while it is pending
+(``wake``: a collective starting, or any flow) makes the network call its ``realize()`` first,
+so it turns into an ordinary simulation before the two can meet on a channel. Flows and the
+collective runner look the clock up as ``network.env`` at every step (never a copy of it):
+``realize`` replays the job on a private clock up to now and then moves its pending events onto
+``env``.
 """
 
 from __future__ import annotations
@@ -126,6 +137,10 @@ class Network:
         self._ici = (float(chip.ici_link_bytes_per_s), chip.ici_hop_latency_ns * 1e-9)
         self._dcn = (float(chip.dcn_bytes_per_s), chip.dcn_latency_ns * 1e-9)
         self.channels: dict[ChannelKey, Channel] = {}
+        self.active_flows = 0       # flows started and not yet arrived
+        self.flows_started = 0      # flows ever started (a job ran alone iff only its own started)
+        self.running = 0            # jobs (collectives) started and not ended, flows or not yet
+        self.pending = None         # a held fast-forwarded job (``hold``), or None
 
     # ---- channels ----------------------------------------------------------------------------
     def channel(self, key: ChannelKey) -> Channel:
@@ -144,6 +159,33 @@ class Network:
 
     def path_latency_s(self, path: Sequence[ChannelKey]) -> float:
         return sum(self.channel(k).latency_s for k in path)
+
+    # ---- fast-forward ------------------------------------------------------------------------
+    @property
+    def idle(self) -> bool:
+        """No flow in flight, no job running (one in its start-up overhead will start flows) and none
+        held: every channel is free now and nobody has claimed it."""
+        return self.active_flows == 0 and self.running == 0 and self.pending is None
+
+    def hold(self, job) -> None:
+        """Hold a fast-forwarded ``job`` (needs ``idle``): its ``realize()`` runs before any other flow
+        starts, unless ``release(job)`` comes first."""
+        assert self.idle, "a fast-forwarded job needs an idle network"
+        self.pending = job
+
+    def release(self, job) -> None:
+        if self.pending is job:
+            self.pending = None
+
+    def wake(self) -> None:
+        """Someone is about to use the network: a held job becomes a real simulation first."""
+        if self.pending is not None:
+            job, self.pending = self.pending, None
+            job.realize()
+
+    def after(self, delay: float, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` ``delay`` seconds from now on the network's clock."""
+        self.env.timeout(delay).callbacks.append(lambda _e: fn())
 
     # ---- flows -------------------------------------------------------------------------------
     def send(self, src: Coord, dst: Coord, nbytes: float, *, src_slice: int = 0,
@@ -171,13 +213,16 @@ class Network:
                    extra_delay_s: float = 0.0, chunk_bytes: float | None = None) -> None:
         """Like ``transfer`` but calls ``on_done()`` at the end instead of firing an event (cheaper
         for the collectives, which count their transfers down)."""
-        env = self.env
         if nbytes <= 0 or not path:
-            env.timeout(extra_delay_s).callbacks.append(lambda _e: on_done())
+            self.after(extra_delay_s, on_done)
             return
+        if self.pending is not None:
+            self.wake()
         chunk = self.chunk_bytes if chunk_bytes is None else float(chunk_bytes)
         count = max(1, math.ceil(nbytes / chunk - 1e-9))
-        _Flow(env, [self.channel(k) for k in path], nbytes, chunk, count, extra_delay_s, on_done)
+        self.active_flows += 1
+        self.flows_started += 1
+        _Flow(self, [self.channel(k) for k in path], nbytes, chunk, count, extra_delay_s, on_done)
 
     # ---- statistics --------------------------------------------------------------------------
     def link_stats(self, elapsed_s: float) -> LinkStats:
@@ -200,11 +245,11 @@ class _Flow:
     last chunk's tail has crossed the last hop's latency.
     """
 
-    __slots__ = ("env", "channels", "nbytes", "chunk", "count", "extra", "on_done")
+    __slots__ = ("net", "channels", "nbytes", "chunk", "count", "extra", "on_done")
 
-    def __init__(self, env: simpy.Environment, channels: list[Channel], nbytes: float, chunk: float,
+    def __init__(self, net: Network, channels: list[Channel], nbytes: float, chunk: float,
                  count: int, extra: float, on_done: Callable[[], None]):
-        self.env, self.channels, self.nbytes, self.chunk = env, channels, nbytes, chunk
+        self.net, self.channels, self.nbytes, self.chunk = net, channels, nbytes, chunk
         self.count, self.extra, self.on_done = count, extra, on_done
         self._arrive(0, 0)
 
@@ -212,7 +257,7 @@ class _Flow:
         return self.chunk if k + 1 < self.count else self.nbytes - self.chunk * (self.count - 1)
 
     def _arrive(self, k: int, hop: int) -> None:
-        env = self.env
+        env = self.net.env
         now = env.now
         ch = self.channels[hop]
         size = self._size(k)
@@ -226,6 +271,10 @@ class _Flow:
             env.timeout(start + ch.latency_s - now).callbacks.append(
                 lambda _e, k=k, h=hop + 1: self._arrive(k, h))
         elif k + 1 == self.count:
-            env.timeout(end + ch.latency_s + self.extra - now).callbacks.append(lambda _e: self.on_done())
+            env.timeout(end + ch.latency_s + self.extra - now).callbacks.append(self._done)
         if hop == 0 and k + 1 < self.count:
             env.timeout(end - now).callbacks.append(lambda _e, k=k + 1: self._arrive(k, 0))
+
+    def _done(self, _event) -> None:
+        self.net.active_flows -= 1
+        self.on_done()

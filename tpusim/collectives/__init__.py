@@ -7,8 +7,12 @@ the buffer; permute = the bytes each rank sends.
 
 Who: ``axes`` = torus axis names ("x", "y", "z", and "dcn" across slices) or None for the whole
 slice (every slice); or ``group`` = explicit global ranks. A group that is a full product of
-axis lines (``group_axes``) is priced on those axes; any other group is a ring over its ranks in
-the order given.
+axis lines (``group_axes``) is priced on those axes; a product of axis *segments*
+(``group_shape``: pairs of neighbours, half an axis, every other chip) on those segments (lines,
+or rings of ``stride``-hop edges, see groups.py); any other group is a ring over its ranks in
+the order given. ``spmd=True`` (what the engine passes for a trace recorded on one rank) says the
+group's translates, the other groups of its mesh dim, run the same collective at the same time:
+for strided segments they share its links and are simulated beside it.
 
 Algorithms (``ALGORITHMS``; adding one = a plan function, its closed form, one entry below):
 ring, bidi_ring, hierarchical, multi_axis, direct, dcn (see each module's docstring). The
@@ -20,10 +24,15 @@ formulas in closed_form.py. On an idle network they agree (tests: within 1%); wh
 overlap, ``collective_process`` runs inside the caller's simpy environment and network, they
 contend for channels and the DES is the truth.
 
-**Symmetry.** When the group covers full axis lines, every ring along an axis is a translate
-of the others: the DES simulates the one through the group's first rank (``simulated`` says so)
-and counts the rest only in ``link_bytes``. Two collectives that use the same lines meet on the
-same representative channels; collectives on disjoint axes do not.
+**Symmetry.** When the group covers full axis lines or segments, every line along an axis is a
+translate of the others: the DES simulates the one through the group's first rank (``simulated``
+says so) and counts the rest only in ``link_bytes``. Two collectives that use the same lines meet
+on the same representative channels; collectives on disjoint axes do not.
+
+**Fast-forward** (fastforward.py). A collective that starts on an idle network and was already
+simulated alone (same request, algorithm and chunk size) is not simulated again: it ends after
+the remembered time, unless another flow starts before that, which turns it back into a full
+simulation from its start. ``simulated`` says which happened.
 """
 
 from __future__ import annotations
@@ -35,16 +44,17 @@ from functools import lru_cache
 
 import simpy
 
-from tpusim.collectives import dcn, direct, rings, torus
-from tpusim.collectives.groups import KINDS, Request, resolve
+from tpusim.collectives import dcn, direct, fastforward, rings, torus
+from tpusim.collectives.groups import KINDS, Request, interleaved_offsets, resolve, translate
 from tpusim.collectives.groups import group_axes as _group_axes
-from tpusim.collectives.plan import Cost, Plan, estimate, run_plan, tune
+from tpusim.collectives.groups import group_shape as _group_shape
+from tpusim.collectives.plan import Cost, Phase, Plan, PlanRun, Tuning, estimate, tune
 from tpusim.errors import TpusimError
 from tpusim.network import DCN_AXIS, DEFAULT_CHUNK_BYTES, Network
 from tpusim.topology import Slice
 
 __all__ = ["ALGORITHMS", "KINDS", "Algorithm", "CollectiveResult", "choose_algorithm", "closed_form_time",
-           "collective_process", "group_axes", "simulate_collective"]
+           "collective_process", "group_axes", "group_shape", "simulate_collective"]
 
 
 @dataclass(frozen=True)
@@ -133,8 +143,26 @@ def _algorithm(name: str) -> Algorithm:
 
 @lru_cache(maxsize=512)
 def build_plan(req: Request, name: str) -> Plan:
-    """The DES plan of ``name`` for ``req`` (no start-up overhead)."""
-    return _algorithm(name).plan(req)
+    """The DES plan of ``name`` for ``req`` (no start-up overhead), with the streams of SPMD
+    translates that share its channels (``req.spmd``, strided segments) played beside it."""
+    alg = _algorithm(name)
+    plan = alg.plan(req)
+    if not req.spmd:
+        return plan
+    own = set(plan.channel_bytes())
+    phases = [list(p.streams) for p in plan.phases]
+    shared = 0
+    for axis in req.ici_axes:
+        for delta in interleaved_offsets(req, axis):
+            other = alg.plan(translate(req, axis, delta))
+            for i, p in enumerate(other.phases[:len(phases)]):
+                for s in p.streams:
+                    if any(k in own for st in s.steps for t in st.transfers for k in t.path):
+                        phases[i].append(dataclasses.replace(s, own=False))
+            shared += 1
+    note = (f"{plan.note}; " if plan.note else "") + (
+        f"with the {shared} SPMD translate(s) interleaved on its links (groups of the same mesh dim)")
+    return Plan(tuple(Phase(tuple(p)) for p in phases), note, plan.overhead_s)
 
 
 @lru_cache(maxsize=1024)
@@ -225,60 +253,95 @@ def _pick(req: Request, algorithm: str | None) -> tuple[str, str]:
 
 def group_axes(slice: Slice, group: Sequence[int]) -> tuple[int, ...] | None:
     """Torus axes a rank group spans when it is a full product of axis lines (DCN = ``slice.ndims``),
-    e.g. all ranks varying only in x -> (0,); None for an irregular group (priced as a ring over
-    its ranks in order); () for one rank."""
+    e.g. all ranks varying only in x -> (0,); None for any other group (a product of segments,
+    see ``group_shape``, or an irregular group, priced as a ring over its ranks in order); () for
+    one rank."""
     return _group_axes(slice, group)
 
 
-def choose_algorithm(slice: Slice, kind: str, nbytes: float, axes=None) -> tuple[str, str]:
+def group_shape(slice: Slice, group: Sequence[int]):
+    """(axes, segments) of a group that is a product of axis segments, else None (groups.py):
+    ``segments`` is () for full axis lines, else one ``Segment`` (size, stride, start, cyclic) per
+    axis, e.g. ranks {0, 1} of 3d:8x8x8 -> ((0,), (Segment(x, size 2, stride 1, a line),))."""
+    return _group_shape(slice, group)
+
+
+def choose_algorithm(slice: Slice, kind: str, nbytes: float, axes=None, *, group=None,
+                     spmd: bool = False) -> tuple[str, str]:
     """(algorithm name, why): the cheapest closed form among the algorithms that apply."""
-    req = resolve(slice, kind, nbytes, axes)
+    req = resolve(slice, kind, nbytes, axes, group, spmd)
     if req.group_size < 2:
         return "none", "a group of one rank moves nothing"
     return _choose(req)
 
 
-def closed_form_time(slice: Slice, kind: str, nbytes: float, axes=None, algorithm: str | None = None) -> float:
-    """Alpha-beta time in seconds on an idle network (start-up overhead included); root = rank 0."""
-    req = resolve(slice, kind, nbytes, axes)
+def closed_form_time(slice: Slice, kind: str, nbytes: float, axes=None, algorithm: str | None = None, *,
+                     group=None, spmd: bool = False) -> float:
+    """Alpha-beta time in seconds on an idle network (start-up overhead included); root = rank 0
+    (the group's first rank with ``group``)."""
+    req = resolve(slice, kind, nbytes, axes, group, spmd)
     if req.group_size < 2:
         return 0.0
     name, _ = _pick(req, algorithm)
     return algorithm_cost(req, name).total_s + _overhead_s(req)
 
 
+@lru_cache(maxsize=512)
+def _played(req: Request, name: str, chunk_bytes: float) -> tuple[Plan, Tuning, float]:
+    """(plan with start-up overhead, its tuning, closed form) of one collective on one network."""
+    plan = dataclasses.replace(build_plan(req, name), overhead_s=_overhead_s(req))
+    return plan, tune(plan, chunk_bytes), algorithm_cost(req, name).total_s + plan.overhead_s
+
+
 def collective_process(env: simpy.Environment, network: Network, kind: str, nbytes: float, *,
-                       axes=None, group=None, algorithm: str | None = None):
+                       axes=None, group=None, algorithm: str | None = None, spmd: bool = False):
     """simpy process body: one collective on ``network`` (shared with whatever else runs in ``env``);
-    its return value is the ``CollectiveResult``."""
-    req = resolve(network.slice, kind, nbytes, axes, group)
+    its return value is the ``CollectiveResult``. ``spmd``: the group's translates run it too
+    (module docstring)."""
+    req = resolve(network.slice, kind, nbytes, axes, group, spmd)
     labels = req.axis_labels
     if req.group_size < 2:
         yield env.timeout(0)
         return CollectiveResult(kind, req.nbytes, req.group_size, labels, "none",
                                 "a group of one rank moves nothing", 0.0, 0.0, 0.0, 0.0)
     name, reason = _pick(req, algorithm)
-    plan = dataclasses.replace(build_plan(req, name), overhead_s=_overhead_s(req))
-    closed = algorithm_cost(req, name).total_s + plan.overhead_s
-    tuning = tune(plan, network.chunk_bytes)
+    plan, tuning, closed = _played(req, name, network.chunk_bytes)
+    key = (req, name, network.chunk_bytes)
     start = env.now
-    yield from run_plan(network, plan, tuning)
+    done = env.event()
+    remembered = fastforward.remembered(key) if network.idle else None
+    if remembered is not None:
+        held = fastforward.Held(network, plan, tuning, remembered, done.succeed)
+        yield done
+        how = ("fast-forward undone: another flow started before its end, simulated" if held.realized
+               else "fast-forwarded: ran alone on an idle network before, not simulated again")
+    else:
+        alone, before = network.idle, network.flows_started
+        network.wake()   # a held collective becomes a simulation before this one starts
+        run = PlanRun(network, plan, tuning, done.succeed)
+        run.start()
+        yield done
+        how = ""
+        if alone and network.flows_started - before == run.flows:
+            fastforward.remember(key, env.now - start)
     elapsed = env.now - start
     util = 0.0
     if elapsed > 0:
-        for key, b in plan.channel_bytes().items():
-            util = max(util, b / network.channel(key).bytes_per_s / elapsed)
-    notes = [x for x in (plan.note, *tuning.notes) if x]
+        for ck, b in plan.channel_bytes().items():
+            util = max(util, b / network.channel(ck).bytes_per_s / elapsed)
+    shape = f"group {req.describe_shape()}" if req.partial else ""
+    notes = [x for x in (shape, plan.note, *tuning.notes, how) if x]
     return CollectiveResult(kind, req.nbytes, req.group_size, labels, name, reason, elapsed, closed,
                             min(util, 1.0), plan.link_bytes(), "; ".join(notes), tuning.chunk_bytes)
 
 
 def simulate_collective(slice: Slice, kind: str, nbytes: float, *, axes=None, group=None,
-                        algorithm: str | None = None, chunk_bytes: int | None = None) -> CollectiveResult:
-    """One collective alone on an idle network."""
+                        algorithm: str | None = None, chunk_bytes: int | None = None,
+                        spmd: bool = False) -> CollectiveResult:
+    """One collective alone on an idle network (with its SPMD translates if ``spmd``)."""
     env = simpy.Environment()
     net = Network(env, slice, chunk_bytes or DEFAULT_CHUNK_BYTES)
     proc = env.process(collective_process(env, net, kind, nbytes, axes=axes, group=group,
-                                          algorithm=algorithm))
+                                          algorithm=algorithm, spmd=spmd))
     env.run()
     return proc.value

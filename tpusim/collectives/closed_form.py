@@ -11,6 +11,20 @@ the large-n limits, noted per formula.
 Size conventions (V = ``nbytes``): all_gather: output per rank; reduce_scatter: input per rank;
 all_reduce: the buffer; all_to_all: per-rank buffer B (the scaling book's V is N*B); broadcast /
 reduce: the buffer; permute: what each rank sends.
+
+**Segments** (groups.py): a group on ``n`` chips of an axis, ``stride`` apart, is a line (or a
+ring, when it covers a wrapped axis) whose edges are ``stride`` hops: every formula holds with
+d -> stride x d (``Axis.lat`` is one edge's latency, cut-through). With SPMD translates
+interleaved on the same channels (``Axis.share`` = k groups), a step that moves b bytes over
+one edge costs (``step``)
+
+    max(stride d + b/W,  d + k b/W)
+
+each channel carries k transfers, which reach it one hop apart, so it is busy k b/W from the
+first one's start and only the last one's final hop latency shows; when the hops take longer
+than the bytes, the edge's latency does. Exact for one-chunk transfers on a ring (the DES
+agrees); otherwise within the chunk effects in the bandwidth-bound limit. Chains and one-shot
+flows use the plain bound, W -> W/k.
 """
 
 from __future__ import annotations
@@ -23,12 +37,39 @@ from tpusim.collectives.plan import Cost
 
 @dataclass(frozen=True)
 class Axis:
-    """One axis as the formulas see it: n ranks, ring or line, link bandwidth and hop latency."""
+    """One axis as the formulas see it: n ranks, ring or line, link bandwidth and the latency of
+    one edge (``stride`` hops on a strided segment); ``share`` groups use every channel
+    (interleaved SPMD translates) and ``hop_lat`` is one hop's latency (module docstring)."""
 
     n: int
     cyclic: bool
     bw: float
     lat: float
+    share: int = 1
+    hop_lat: float | None = None
+
+    @property
+    def shared_bw(self) -> float:
+        return self.bw / self.share
+
+
+def step(ax: Axis, nbytes: float, edges: int = 1) -> Cost:
+    """One step moving ``nbytes`` over ``edges`` edges of the axis (module docstring)."""
+    lat = edges * ax.lat
+    alone = Cost(lat, nbytes / ax.bw)
+    if ax.share == 1:
+        return alone
+    hop = ax.lat if ax.hop_lat is None else ax.hop_lat
+    shared = Cost(hop, ax.share * nbytes / ax.bw)
+    return alone if alone.total_s >= shared.total_s else shared
+
+
+def steps(ax: Axis, sizes, edges: int = 1) -> Cost:
+    """Steps one after another, one per size in ``sizes``."""
+    total = Cost()
+    for nbytes in sizes:
+        total = total + step(ax, nbytes, edges)
+    return total
 
 
 def ag_rs(ax: Axis, data: float, variant: str) -> Cost:
@@ -47,10 +88,11 @@ def ag_rs(ax: Axis, data: float, variant: str) -> Cost:
     if n < 2:
         return Cost()
     if ax.cyclic and variant == "bidi":
-        return Cost((n // 2) * ax.lat, (n - 1) * s / (2 * ax.bw))
+        full = (n - 1) // 2 if n % 2 else n // 2 - 1
+        return step(ax, s).scaled(full) + (step(ax, s / 2) if n % 2 == 0 else Cost())
     if ax.cyclic or variant == "bidi" or n == 2:
-        return Cost((n - 1) * ax.lat, (n - 1) * s / ax.bw)
-    return Cost((n - 1) * 2 * ax.lat, (n - 1) * s / ax.bw)
+        return step(ax, s).scaled(n - 1)
+    return step(ax, s, 2).scaled(n - 1)
 
 
 def all_reduce(ax: Axis, data: float, variant: str) -> Cost:
@@ -76,15 +118,15 @@ def all_to_all(ax: Axis, buffer: float, variant: str) -> Cost:
     if n < 2:
         return Cost()
     if ax.cyclic and variant == "bidi":
-        if n % 2 == 0:
+        if n % 2 == 0:  # step t carries far - t - 1/2 pieces (the opposite one split): far^2/2 in all
             far = n // 2
-            return Cost(far * ax.lat, far * far / 2 * p / ax.bw)
+            return steps(ax, [(far - t - 0.5) * p for t in range(far)])
         far = (n - 1) // 2
-        return Cost(far * ax.lat, far * (far + 1) / 2 * p / ax.bw)
-    bundles = n * (n - 1) / 2 * p / ax.bw
+        return steps(ax, [(far - t) * p for t in range(far)])
+    bundles = [(n - t) * p for t in range(1, n)]   # n(n-1)/2 pieces in all
     if ax.cyclic or variant == "bidi" or n == 2:
-        return Cost((n - 1) * ax.lat, bundles)
-    return Cost((n - 1) * 2 * ax.lat, bundles)
+        return steps(ax, bundles)
+    return steps(ax, bundles, 2)
 
 
 def chain(ax: Axis, data: float, variant: str, root: int = 0) -> Cost:
@@ -97,9 +139,10 @@ def chain(ax: Axis, data: float, variant: str, root: int = 0) -> Cost:
     n = ax.n
     if n < 2:
         return Cost()
+    bw = ax.shared_bw
     if ax.cyclic:
-        return Cost((n - 1) * ax.lat, data / (2 * ax.bw if variant == "bidi" else ax.bw))
-    return Cost(max(root, n - 1 - root) * ax.lat, data / ax.bw)
+        return Cost((n - 1) * ax.lat, data / (2 * bw if variant == "bidi" else bw))
+    return Cost(max(root, n - 1 - root) * ax.lat, data / bw)
 
 
 def shift(ax: Axis, data: float) -> Cost:
@@ -107,7 +150,7 @@ def shift(ax: Axis, data: float) -> Cost:
     otherwise idle reverse channels: (n-1)d + V/W."""
     if ax.n < 2:
         return Cost()
-    return Cost((1 if ax.cyclic else ax.n - 1) * ax.lat, data / ax.bw)
+    return step(ax, data, 1 if ax.cyclic else ax.n - 1)
 
 
 # ---- one-shot (direct) -------------------------------------------------------------------------
@@ -171,5 +214,5 @@ def direct(axes: list[Axis], flow_bytes: float, pattern: str, roots: list[int]) 
         else:
             mult = math.prod(a.n for a in axes[:k])
         lat += far * ax.lat
-        worst = max(worst, c * mult * flow_bytes / ax.bw)
+        worst = max(worst, c * mult * flow_bytes / ax.shared_bw)
     return Cost(lat, worst)

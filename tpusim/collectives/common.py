@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tpusim.collectives import patterns
 from tpusim.collectives.closed_form import Axis
-from tpusim.collectives.groups import Line, Request
+from tpusim.collectives.groups import Line, Request, interleaved_offsets
 from tpusim.collectives.plan import Cost, Phase, Stream
 
 COMMUNICATING = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "reduce")
@@ -15,13 +15,20 @@ def phase(streams: list[Stream]) -> Phase:
 
 
 def axis_params(req: Request, axis: int) -> Axis:
-    """An axis for the closed forms: DCN is a ring over the slices at the DCN rate and latency."""
+    """An axis for the closed forms: DCN is a ring over the slices at the DCN rate and latency.
+
+    A segment of ``stride`` is a line or ring of ``size`` ranks whose edges are ``stride`` hops:
+    the formulas hold with d -> stride x d (cut-through: an h-hop edge costs h d + bytes / W).
+    With SPMD translates interleaved on its channels (``interleaved_offsets``), k groups share
+    every link (``Axis.share``; closed_form.step says what a step then costs).
+    """
     chip = req.slice.chip
     if axis == req.dcn_axis:
         return Axis(req.slice.num_slices, True, chip.dcn_bytes_per_s, chip.dcn_latency_ns * 1e-9)
-    n = req.slice.dims[axis]
-    return Axis(n, bool(req.slice.wrap[axis]) and n > 1, chip.ici_link_bytes_per_s,
-                chip.ici_hop_latency_ns * 1e-9)
+    seg = req.segment(axis)
+    hop = chip.ici_hop_latency_ns * 1e-9
+    return Axis(seg.size, seg.cyclic and seg.size > 1, chip.ici_link_bytes_per_s, hop * seg.stride,
+                1 + len(interleaved_offsets(req, axis)), hop)
 
 
 def line_phases(kind: str, line: Line, nbytes: float, variant: str, root: int) -> list[Phase]:

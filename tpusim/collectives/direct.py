@@ -13,7 +13,7 @@ from __future__ import annotations
 from tpusim.collectives import closed_form as cf
 from tpusim.collectives import patterns
 from tpusim.collectives.common import axis_params, phase
-from tpusim.collectives.groups import Node, Request, axis_line, lines_per_axis, node_path, ring_line, snake
+from tpusim.collectives.groups import Node, Request, group_snake, line_of, lines_per_axis, node_path, ring_line
 from tpusim.collectives.plan import Cost, Plan
 
 DIRECT_MAX_RANKS = 64
@@ -29,7 +29,7 @@ def supports(req: Request) -> str | None:
 
 
 def _members(req: Request) -> list[Node]:
-    return list(req.ranks) if req.ranks is not None else snake(req.slice, req.axes, req.root)
+    return list(req.ranks) if req.ranks is not None else group_snake(req)
 
 
 def plan(req: Request) -> Plan:
@@ -40,7 +40,7 @@ def plan(req: Request) -> Plan:
                         "shift by one along the group's order")
         a = req.axes[0]
         copies = lines_per_axis(req, a)
-        return Plan((phase(patterns.shift(axis_line(s, a, req.root, copies), req.nbytes)),),
+        return Plan((phase(patterns.shift(line_of(req, a, copies), req.nbytes)),),
                     f"shift by one along {req.axis_label(a)}; 1 representative line (of {copies})")
     nodes = _members(req)
     n = len(nodes)
@@ -71,7 +71,7 @@ def cost(req: Request) -> Cost | None:
         return None
     axes = sorted(req.axes)  # dimension-order routing goes x, then y, then z
     params = [axis_params(req, a) for a in axes]
-    roots = [req.root[1][a] for a in axes]
+    roots = [req.position(a) for a in axes]
     n = req.group_size
     if req.kind == "broadcast":
         return cf.direct(params, req.nbytes, "from_root", roots)

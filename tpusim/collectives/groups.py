@@ -9,10 +9,35 @@ slice, as ``Slice.rank_of``). Axes are named "x", "y", "z" (the slice's torus ax
 **Symmetry.** When a group is a full product of axis lines (``group_axes``), every line along an
 axis is a translate of every other, so algorithms build their streams on the one line through
 the group's first rank (the *root*) and record how many translates it stands for.
+
+**Sub-axis groups** (``group_shape``). A group that is a product of *segments* of axes, one per
+axis it spans, gets the same treatment. A segment is ``size`` chips ``stride`` apart along one
+axis from coordinate ``start`` (mod the axis length on a wrapped axis): DeviceMesh dims placed on
+part of an axis give them (tp=x2: pairs of neighbours; fsdp over the other factor of x: every
+other chip, stride 2). Its lines are translates of each other, so one representative line per
+axis is simulated, as for full lines. How a segment closes:
+
+- ``size * stride == n`` on a wrapped axis: a **ring** whose every edge is ``stride`` hops (the
+  last edge crosses the wraparound link); the whole axis is the case stride 1.
+- otherwise a **line** (no edge between its ends): the ends are linked only through chips
+  outside the group, and routing that edge the long way round is never shorter for a segment
+  accepted here. On a wrapped axis a segment is accepted only when its span is less than half
+  the ring, ``2 (size-1) stride < n`` (so every route between its members stays inside it; the
+  segments of a mesh, ``size * stride`` dividing ``n``, always are); a longer arithmetic run,
+  and any group on a twisted torus or across slices that is not a full product, is irregular
+  (a ring over its ranks in the order given).
+
+**SPMD translates** (``Request.spmd``). In an SPMD program every group of a mesh dim runs the
+same collective at the same time. For full lines and contiguous segments those translates use
+disjoint channels and change nothing. The translates of a *strided* segment are interleaved
+with it (stride 2: the groups of even and odd chips of x): they cross the same channels, so
+with ``spmd`` the DES plays them beside the group (``interleaved_offsets``; streams with
+``own=False``) and the closed forms count how many share each link (``closed_form.step``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +55,34 @@ Path = tuple[ChannelKey, ...]
 
 
 @dataclass(frozen=True)
+class Segment:
+    """How a group covers one torus axis: ``size`` chips ``stride`` apart from coordinate ``start``
+    (mod the axis length when it wraps); ``cyclic`` when they close into a ring (module docstring)."""
+
+    axis: int
+    size: int
+    stride: int
+    start: int
+    cyclic: bool
+
+    def coord(self, i: int, n: int) -> int:
+        """Axis coordinate of the segment's i-th chip on an axis of length ``n``."""
+        return (self.start + i * self.stride) % n
+
+    def full(self, n: int) -> bool:
+        return self.size == n
+
+    def describe(self, slice_: Slice) -> str:
+        n = slice_.dims[self.axis]
+        name = slice_.axis_names[self.axis]
+        if self.full(n):
+            return f"{name} (all {n}, {'ring' if self.cyclic else 'line'})"
+        how = "ring" if self.cyclic else "line"
+        step = f", {self.stride} hops an edge" if self.stride > 1 else ""
+        return f"{name} ({self.size} of {n}, stride {self.stride}: a {how}{step})"
+
+
+@dataclass(frozen=True)
 class Request:
     """One collective, resolved: what moves, among whom. Hashable, so plans can be cached."""
 
@@ -40,10 +93,36 @@ class Request:
     root: Node                          # the group's first rank: broadcast/reduce root, line anchor
     ranks: tuple[Node, ...] | None      # irregular group, in ring order; None when ``axes`` describe it
     group_size: int
+    segments: tuple[Segment, ...] = ()  # one per ICI axis in ``axes`` when some is not whole; () else
+    spmd: bool = False                  # interleaved translates run too (only set for strided segments)
 
     @property
     def dcn_axis(self) -> int:
         return self.slice.ndims
+
+    def segment(self, axis: int) -> Segment:
+        """The group's segment of an ICI axis (the whole axis unless ``segments`` says otherwise)."""
+        for seg in self.segments:
+            if seg.axis == axis:
+                return seg
+        n = self.slice.dims[axis]
+        return Segment(axis, n, 1, 0, bool(self.slice.wrap[axis]) and n > 1)
+
+    def position(self, axis: int) -> int:
+        """The root's index along its line of ``axis`` (its coordinate, on a whole axis)."""
+        if axis == self.dcn_axis:
+            return self.root[0]
+        seg = self.segment(axis)
+        n = self.slice.dims[axis]
+        return ((self.root[1][axis] - seg.start) % n) // seg.stride
+
+    @property
+    def partial(self) -> bool:
+        """Some axis is covered by a segment, not whole."""
+        return bool(self.segments)
+
+    def describe_shape(self) -> str:
+        return ", ".join(self.segment(a).describe(self.slice) for a in self.ici_axes)
 
     @property
     def has_dcn(self) -> bool:
@@ -54,7 +133,10 @@ class Request:
         return tuple(a for a in self.axes if a != self.dcn_axis)
 
     def size(self, axis: int) -> int:
-        return self.slice.num_slices if axis == self.dcn_axis else self.slice.dims[axis]
+        """Ranks of the group along one line of ``axis``."""
+        if axis == self.dcn_axis:
+            return self.slice.num_slices
+        return self.segment(axis).size if self.segments else self.slice.dims[axis]
 
     def axis_label(self, axis: int) -> str:
         return DCN_NAME if axis == self.dcn_axis else self.slice.axis_names[axis]
@@ -130,20 +212,96 @@ def group_axes(slice_: Slice, group: Sequence[int]) -> tuple[int, ...] | None:
 
 @lru_cache(maxsize=256)
 def _group_axes(slice_: Slice, ranks: tuple[int, ...]) -> tuple[int, ...] | None:
+    shape = _group_shape(slice_, ranks)
+    return shape[0] if shape is not None and not shape[1] else None
+
+
+def group_shape(slice_: Slice, group: Sequence[int]) -> tuple[tuple[int, ...], tuple[Segment, ...]] | None:
+    """(axes spanned, segments) when the group is a product of axis segments (module docstring),
+    else None. ``segments`` is () when every spanned axis is whole (``group_axes``'s groups), else
+    one ``Segment`` per spanned axis. E.g. on 3d:8x8x8, ranks {0, 1} -> ((0,), (x: 2 of 8, a line)),
+    the even chips of x times y and z -> ((0, 1, 2), (x: 4, stride 2, a ring; y; z))."""
+    return _group_shape(slice_, _check_group(slice_, group))
+
+
+@lru_cache(maxsize=256)
+def _group_shape(slice_: Slice, ranks: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[Segment, ...]] | None:
     nodes = [node_of(slice_, r) for r in ranks]
     ndims = slice_.ndims
     columns = [{c[1][a] for c in nodes} for a in range(ndims)] + [{c[0] for c in nodes}]
     sizes = list(slice_.dims) + [slice_.num_slices]
     spanned = tuple(a for a in range(ndims + 1) if len(columns[a]) > 1)
-    if any(len(columns[a]) != sizes[a] for a in spanned):
-        return None
-    if math.prod(sizes[a] for a in spanned) != len(ranks):
-        return None
-    return spanned
+    if math.prod(len(columns[a]) for a in spanned) != len(ranks):
+        return None  # not a product of per-axis sets
+    if all(len(columns[a]) == sizes[a] for a in spanned):
+        return spanned, ()
+    if ndims in spanned or slice_.twisted:
+        return None  # segments only inside one slice of a plain torus (module docstring)
+    segs = []
+    for a in spanned:
+        seg = _segment(a, sorted(columns[a]), slice_.dims[a], bool(slice_.wrap[a]))
+        if seg is None:
+            return None
+        segs.append(seg)
+    return spanned, tuple(segs)
 
 
-def resolve(slice_: Slice, kind: str, nbytes: float, axes=None, group=None) -> Request:
-    """Validate a collective call and describe its group (axes, or an irregular rank list)."""
+def _segment(axis: int, pos: list[int], n: int, wrap: bool) -> Segment | None:
+    """The segment through sorted coordinates ``pos`` of one axis, or None (module docstring)."""
+    m = len(pos)
+    if m == n:
+        return Segment(axis, n, 1, 0, wrap)
+    gaps = [b - a for a, b in zip(pos, pos[1:])]
+    if not wrap:
+        return Segment(axis, m, gaps[0], pos[0], False) if len(set(gaps)) == 1 else None
+    gaps.append(pos[0] + n - pos[-1])          # cyclic gaps; gaps[i] is pos[i] -> pos[i+1]
+    if len(set(gaps)) == 1:
+        return Segment(axis, m, gaps[0], pos[0], True)   # m * stride == n: a ring
+    big = max(gaps)
+    stride = min(gaps)
+    if gaps.count(big) != 1 or gaps.count(stride) != m - 1 or 2 * (m - 1) * stride >= n:
+        return None
+    start = pos[(gaps.index(big) + 1) % m]     # the chip after the one long gap
+    return Segment(axis, m, stride, start, False)
+
+
+def interleaved_offsets(req: Request, axis: int) -> tuple[int, ...]:
+    """Shifts along ``axis`` of the SPMD translates that share this group's channels on that axis:
+    for a strided segment, the other ``stride - 1`` residues of its block (those that fit in the
+    axis); () for whole axes, contiguous segments, or without ``spmd``."""
+    if not req.spmd or axis == req.dcn_axis:
+        return ()
+    seg = req.segment(axis)
+    if seg.stride == 1:
+        return ()
+    n = req.slice.dims[axis]
+    base = seg.start - seg.start % seg.stride
+    out = []
+    for o in range(seg.stride):
+        delta = base + o - seg.start
+        if delta == 0:
+            continue
+        if not req.slice.wrap[axis] and not 0 <= seg.start + delta + (seg.size - 1) * seg.stride < n:
+            continue
+        out.append(delta)
+    return tuple(out)
+
+
+def translate(req: Request, axis: int, delta: int) -> Request:
+    """The same collective on the group shifted by ``delta`` along ``axis`` (an SPMD translate)."""
+    n = req.slice.dims[axis]
+    s, c = req.root
+    root = (s, c[:axis] + ((c[axis] + delta) % n,) + c[axis + 1:])
+    segs = tuple(dataclasses.replace(g, start=(g.start + delta) % n) if g.axis == axis else g
+                 for g in req.segments)
+    return dataclasses.replace(req, root=root, segments=segs, spmd=False)
+
+
+def resolve(slice_: Slice, kind: str, nbytes: float, axes=None, group=None, spmd: bool = False) -> Request:
+    """Validate a collective call and describe its group (axes, segments, or an irregular rank list).
+
+    ``spmd``: the group's translates (the other groups of its mesh dim) run the same collective at
+    the same time; it matters only for strided segments (module docstring)."""
     if kind not in KINDS:
         raise TpusimError(f"unknown collective {kind!r}: accepted {', '.join(KINDS)}")
     try:
@@ -156,11 +314,13 @@ def resolve(slice_: Slice, kind: str, nbytes: float, axes=None, group=None) -> R
         raise TpusimError("give axes or group, not both")
     if group is not None:
         ranks = _check_group(slice_, group)
-        spanned = _group_axes(slice_, ranks)
+        shape = _group_shape(slice_, ranks)
         root = node_of(slice_, ranks[0])
-        if spanned is None:
+        if shape is None:
             return Request(slice_, kind, size, (), root, tuple(node_of(slice_, r) for r in ranks), len(ranks))
-        return Request(slice_, kind, size, spanned, root, None, len(ranks))
+        spanned, segs = shape
+        strided = spmd and any(g.stride > 1 for g in segs)
+        return Request(slice_, kind, size, spanned, root, None, len(ranks), segs, strided)
     if axes is None:
         picked = tuple(range(slice_.ndims + (1 if slice_.num_slices > 1 else 0)))
     else:
@@ -260,6 +420,43 @@ def axis_line(slice_: Slice, axis: int, through: Node, copies: int = 1) -> Line:
     return Line(nodes, cyclic, tuple(fwd), tuple(bwd), regular, copies, slice_)
 
 
+def segment_line(slice_: Slice, seg: Segment, through: Node, copies: int = 1) -> Line:
+    """The line (or ring, if ``seg.cyclic``) of a segment through node ``through``; each edge is
+    ``seg.stride`` hops along the axis, in the direction asked (not the shortest route: a ring of
+    two chips half the axis apart has distinct edges both ways)."""
+    axis = seg.axis
+    n = slice_.dims[axis]
+    s, c = through
+    m = seg.size
+    nodes = tuple((s, c[:axis] + (seg.coord(i, n),) + c[axis + 1:]) for i in range(m))
+    fwd = tuple(_axis_walk(nodes[i], axis, 1, seg.stride, n) if seg.cyclic or i + 1 < m else ()
+                for i in range(m))
+    bwd = tuple(_axis_walk(nodes[i], axis, -1, seg.stride, n) if seg.cyclic or i > 0 else ()
+                for i in range(m))
+    return Line(nodes, seg.cyclic, fwd, bwd, seg.stride == 1, copies, slice_)
+
+
+def _axis_walk(node: Node, axis: int, direction: int, hops: int, n: int) -> Path:
+    """Channels of ``hops`` steps along ``axis`` (plain torus: the wrap link only changes ``axis``)."""
+    s, c = node
+    out = []
+    x = c[axis]
+    for _ in range(hops):
+        out.append((s, c[:axis] + (x,) + c[axis + 1:], axis, direction))
+        x = (x + direction) % n
+    return tuple(out)
+
+
+def line_of(req: Request, axis: int, copies: int = 1) -> Line:
+    """The group's line along ``axis`` through its root: the whole axis, or its segment."""
+    if axis == req.dcn_axis or not req.segments:
+        return axis_line(req.slice, axis, req.root, copies)
+    seg = req.segment(axis)
+    if seg.full(req.slice.dims[axis]):
+        return axis_line(req.slice, axis, req.root, copies)
+    return segment_line(req.slice, seg, req.root, copies)
+
+
 def _hop(slice_: Slice, nodes, i: int, j: int, axis: int, direction: int, exists: bool) -> Path:
     if not exists:
         return ()
@@ -279,23 +476,33 @@ def ring_line(slice_: Slice, nodes: Sequence[Node], copies: int = 1) -> Line:
     return Line(nodes, True, fwd, bwd, False, copies, slice_)
 
 
-def snake(slice_: Slice, axes: Sequence[int], through: Node) -> list[Node]:
+def snake(slice_: Slice, axes: Sequence[int], through: Node,
+          segments: Sequence[Segment] = ()) -> list[Node]:
     """Nodes of the product of lines through ``through`` in boustrophedon order (first axis fastest),
-    so consecutive nodes are neighbours: a ring over several axes with one-hop edges but the last."""
+    so consecutive nodes are neighbours: a ring over several axes with one-hop edges but the last.
+    An axis with a ``Segment`` contributes its chips (edges of ``stride`` hops) instead of all."""
     order: list[Node] = [through]
     s0 = through[0]
+    segs = {g.axis: g for g in segments}
     for axis in axes:
         n = slice_.num_slices if axis == slice_.ndims else slice_.dims[axis]
+        seg = segs.get(axis)
+        coords = [seg.coord(i, n) for i in range(seg.size)] if seg is not None else list(range(n))
         grown: list[Node] = []
-        for i in range(n):
+        for i, x in enumerate(coords):
             block = order if i % 2 == 0 else order[::-1]
             for s, c in block:
                 if axis == slice_.ndims:
                     grown.append((i if s0 == 0 else (s0 + i) % n, c))
                 else:
-                    grown.append((s, c[:axis] + (i,) + c[axis + 1:]))
+                    grown.append((s, c[:axis] + (x,) + c[axis + 1:]))
         order = grown
     return order
+
+
+def group_snake(req: Request) -> list[Node]:
+    """The group's members as a snake over its axes (or segments) through its root's lines."""
+    return snake(req.slice, req.axes, req.root, req.segments)
 
 
 def lines_per_axis(req: Request, axis: int) -> int:

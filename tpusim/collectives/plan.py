@@ -9,7 +9,9 @@ hand-written closed form exists: irregular groups, rings snaking over several ax
   says the same step runs that many times back to back (ring steps are all alike).
 - ``Stream``: steps in order (one direction of one ring, one chain). ``copies`` is how many
   identical translates of it the plan stands for (symmetry): they are not simulated, but count in
-  the bytes put on links.
+  the bytes put on links. ``own`` is False for a stream of *another* group played beside this
+  one because it shares channels with it (the interleaved translates of a strided group in an
+  SPMD program): simulated, but not counted in this collective's bytes.
 - ``Phase``: streams that run concurrently; the next phase starts when all have finished (a
   barrier: RS on x, then RS on y ...).
 """
@@ -17,7 +19,7 @@ hand-written closed form exists: irregular groups, rings snaking over several ax
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tpusim.network import ChannelKey, Network
@@ -43,6 +45,7 @@ class Stream:
     steps: tuple[Step, ...]
     copies: int = 1
     chunk_hint: float | None = None    # finer chunks this stream wants (one-shot flows interleave)
+    own: bool = True                   # False: another group's traffic sharing these channels
 
 
 @dataclass(frozen=True)
@@ -57,15 +60,18 @@ class Plan:
     overhead_s: float = 0.0                 # fixed start-up cost of the collective
 
     def link_bytes(self) -> float:
-        """Bytes x hops over all links, translates included."""
+        """Bytes x hops over all links, translates included (this group's streams only)."""
         return sum(t.nbytes * len(t.path) * st.repeat * s.copies
-                   for p in self.phases for s in p.streams for st in s.steps for t in st.transfers)
+                   for p in self.phases for s in p.streams if s.own for st in s.steps for t in st.transfers)
 
-    def channel_bytes(self) -> dict[ChannelKey, float]:
-        """Bytes each simulated channel carries (one representative of each translate class)."""
+    def channel_bytes(self, own_only: bool = True) -> dict[ChannelKey, float]:
+        """Bytes each simulated channel carries (one representative of each translate class); with
+        ``own_only=False`` other groups' streams played beside it too (what the DES puts on them)."""
         out: dict[ChannelKey, float] = {}
         for p in self.phases:
             for s in p.streams:
+                if own_only and not s.own:
+                    continue
                 for st in s.steps:
                     for t in st.transfers:
                         for k in t.path:
@@ -116,40 +122,90 @@ def tune(plan: Plan, chunk_bytes: float) -> Tuning:
     return tuning
 
 
+class PlanRun:
+    """Plays a plan on ``net`` as callbacks on its clock (no simpy processes); calls ``on_done()``
+    at the end. Every step of every stream is a barrier over its transfers; a phase ends when all
+    its streams have. The clock is looked up as ``net.env`` at each step (see network.py: a
+    fast-forwarded run is replayed on a private clock, then moved onto the shared one)."""
+
+    __slots__ = ("net", "plan", "tuning", "on_done", "flows", "_phase", "_left")
+
+    def __init__(self, net: Network, plan: Plan, tuning: Tuning, on_done: Callable[[], None]):
+        self.net, self.plan, self.tuning, self.on_done = net, plan, tuning, on_done
+        self.flows = 0          # flows this run started
+        self._phase = 0
+        self._left = 0          # streams of the current phase still running
+
+    def start(self) -> None:
+        self.net.running += 1
+        if self.plan.overhead_s > 0:
+            self.net.after(self.plan.overhead_s, self._next_phase)
+        else:
+            self._next_phase()
+
+    def _next_phase(self) -> None:
+        phases = self.plan.phases
+        while self._phase < len(phases):
+            streams = phases[self._phase].streams
+            self._phase += 1
+            if streams:
+                self._left = len(streams)
+                for s in streams:
+                    _StreamRun(self, s).next()
+                return
+        self.net.running -= 1
+        self.on_done()
+
+    def _stream_done(self) -> None:
+        self._left -= 1
+        if self._left == 0:
+            self._next_phase()
+
+
+class _StreamRun:
+    """One stream's steps in order; ring steps batched ``tuning.batch`` at a time."""
+
+    __slots__ = ("run", "stream", "chunk", "step", "left", "pending")
+
+    def __init__(self, run: PlanRun, stream: Stream):
+        self.run, self.stream = run, stream
+        self.chunk = run.tuning.chunk_for(stream)
+        self.step = -1
+        self.left = 0           # repeats of the current step still to play
+        self.pending = 0        # transfers of the current batch still in flight
+
+    def next(self) -> None:
+        steps = self.stream.steps
+        while self.left == 0:
+            self.step += 1
+            if self.step == len(steps):
+                self.run._stream_done()
+                return
+            if steps[self.step].transfers:
+                self.left = steps[self.step].repeat
+        st = steps[self.step]
+        run = self.run
+        net = run.net
+        g = min(self.left, run.tuning.batch)
+        self.left -= g
+        self.pending = len(st.transfers)
+        for t in st.transfers:
+            extra = (g - 1) * net.path_latency_s(t.path) if g > 1 else 0.0
+            if t.nbytes > 0 and t.path:
+                run.flows += 1
+            net.start_flow(t.path, t.nbytes * g, self._arrived, extra, self.chunk)
+
+    def _arrived(self) -> None:
+        self.pending -= 1
+        if self.pending == 0:
+            self.next()
+
+
 def run_plan(net: Network, plan: Plan, tuning: Tuning):
     """simpy process body: the collective on ``net``; returns nothing (time is the clock)."""
-    env = net.env
-    if plan.overhead_s > 0:
-        yield env.timeout(plan.overhead_s)
-    for phase in plan.phases:
-        procs = [env.process(_run_stream(net, s, tuning)) for s in phase.streams]
-        if len(procs) == 1:
-            yield procs[0]
-        elif procs:
-            yield env.all_of(procs)
-
-
-def _run_stream(net: Network, stream: Stream, tuning: Tuning):
-    env = net.env
-    chunk = tuning.chunk_for(stream)
-    for st in stream.steps:
-        left = st.repeat
-        while left > 0:
-            g = min(left, tuning.batch)
-            left -= g
-            barrier = env.event()
-            pending = [len(st.transfers)]
-
-            def arrived(barrier=barrier, pending=pending) -> None:
-                pending[0] -= 1
-                if pending[0] == 0:
-                    barrier.succeed()
-
-            for t in st.transfers:
-                extra = (g - 1) * net.path_latency_s(t.path) if g > 1 else 0.0
-                net.start_flow(t.path, t.nbytes * g, arrived, extra, chunk)
-            if st.transfers:
-                yield barrier
+    done = net.env.event()
+    PlanRun(net, plan, tuning, done.succeed).start()
+    yield done
 
 
 @dataclass(frozen=True)

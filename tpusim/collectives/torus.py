@@ -17,11 +17,12 @@ form adds the primitives' formulas over the same schedule.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from tpusim.collectives.common import axis_params, line_cost, line_phases
-from tpusim.collectives.groups import Request, axis_line
+from tpusim.collectives.groups import Request, line_of
 from tpusim.collectives.plan import Cost, Phase, Plan, slowest
 
 VARIANT = "bidi"
@@ -78,7 +79,7 @@ def part_stages(req: Request, order: tuple[int, ...], data: float) -> list[Stage
 
 
 def _as(req: Request, kind: str) -> Request:
-    return Request(req.slice, kind, req.nbytes, req.axes, req.root, req.ranks, req.group_size)
+    return dataclasses.replace(req, kind=kind)
 
 
 def schedule(req: Request, concurrent: bool) -> list[list[Stage]]:
@@ -96,8 +97,8 @@ def _plan(req: Request, concurrent: bool) -> Plan:
     for stages in schedule(req, concurrent):
         streams = []
         for st in stages:
-            line = axis_line(req.slice, st.axis, req.root, st.copies)
-            for ph in line_phases(st.kind, line, st.data, VARIANT, req.root[1][st.axis]):
+            line = line_of(req, st.axis, st.copies)
+            for ph in line_phases(st.kind, line, st.data, VARIANT, req.position(st.axis)):
                 streams.extend(ph.streams)
         phases.append(Phase(tuple(streams)))
     labels = ",".join(req.axis_labels)
@@ -111,7 +112,7 @@ def _cost(req: Request, concurrent: bool) -> Cost | None:
     total = Cost()
     for stages in schedule(req, concurrent):
         total = total + slowest([line_cost(st.kind, axis_params(req, st.axis), st.data, VARIANT,
-                                           req.root[1][st.axis]) for st in stages])
+                                           req.position(st.axis)) for st in stages])
     return total
 
 

@@ -1,0 +1,95 @@
+"""The PJRT target: tpu ops through JAX (Strict: one jitted computation per op signature; Fused: windows)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from models import ElementwiseMLP, SmallTransformer, mlp_batch, train, transformer_batch
+
+MODES = ["strict", "fused"]
+
+
+@pytest.mark.parametrize("pjrt_mode", MODES, indirect=True)
+def test_mlp_trains_with_cpu_losses(pjrt_mode: object) -> None:
+    torch.manual_seed(0)
+    ref = train(ElementwiseMLP(), mlp_batch(), 3, "cpu")
+    torch.manual_seed(0)
+    got = train(ElementwiseMLP(), mlp_batch(), 3, "tpu")
+    assert got == pytest.approx(ref, rel=1e-5, abs=1e-6)
+    stats = pjrt_mode.stats()
+    assert stats.ops > 100 and stats.host_ops == 0, pjrt_mode.host_ops()
+
+
+@pytest.mark.parametrize("pjrt_mode", MODES, indirect=True)
+def test_transformer_trains_with_cpu_losses(pjrt_mode: object) -> None:
+    torch.manual_seed(0)
+    ref = train(SmallTransformer(), transformer_batch(), 2, "cpu")
+    torch.manual_seed(0)
+    got = train(SmallTransformer(), transformer_batch(), 2, "tpu")
+    assert got == pytest.approx(ref, rel=1e-4, abs=1e-5)
+    assert pjrt_mode.stats().ops > pjrt_mode.stats().host_ops
+
+
+@pytest.mark.parametrize("pjrt_mode", ["strict"], indirect=True)
+def test_strict_compiles_once_per_op_signature(pjrt_mode: object) -> None:
+    x = torch.randn(4, 4, device="tpu")
+    for _ in range(3):
+        y = x * 2 + 1
+    before = pjrt_mode.stats().compiles
+    for _ in range(3):
+        y = x * 2 + 1
+    assert pjrt_mode.stats().compiles == before
+    torch.testing.assert_close(y.cpu(), x.cpu() * 2 + 1)
+
+
+@pytest.mark.parametrize("pjrt_mode", MODES, indirect=True)
+def test_inplace_out_and_views_keep_pytorch_semantics(pjrt_mode: object) -> None:
+    a = torch.arange(12.0).reshape(3, 4)
+    t = a.to("tpu")
+    t.mul_(2)                                      # in-place
+    t[1].add_(100)                                 # in-place through a view
+    col = t[:, 1]                                  # read a view after pending writes
+    out = torch.empty(3, device="tpu")
+    torch.sum(t, dim=1, out=out)                   # out=
+    a.mul_(2)
+    a[1].add_(100)
+    torch.testing.assert_close(t.cpu(), a)
+    torch.testing.assert_close(col.cpu(), a[:, 1])
+    torch.testing.assert_close(out.cpu(), a.sum(1))
+    assert t.sum().item() == a.sum().item()
+
+
+@pytest.mark.parametrize("pjrt_mode", ["fused"], indirect=True)
+def test_fused_defers_until_a_host_read(pjrt_mode: object) -> None:
+    x = torch.randn(64, device="tpu")
+    y = (x.sin() * 2 + x.cos()).relu()
+    assert pjrt_mode.stats().executions == 0           # nothing ran yet: one pending window
+    got = y.cpu()
+    torch.testing.assert_close(got, (x.cpu().sin() * 2 + x.cpu().cos()).relu())
+    assert pjrt_mode.stats().executions == 1
+
+
+@pytest.mark.parametrize("pjrt_mode", MODES, indirect=True)
+def test_random_ops_draw_what_cpu_draws(pjrt_mode: object) -> None:
+    torch.manual_seed(3)
+    ref = F.dropout(torch.ones(100), 0.5)
+    torch.manual_seed(3)
+    got = F.dropout(torch.ones(100, device="tpu"), 0.5)
+    torch.testing.assert_close(got.cpu(), ref)
+
+
+@pytest.mark.parametrize("pjrt_mode", MODES, indirect=True)
+def test_ops_without_lowering_fall_back_with_a_warning(pjrt_mode: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tpusim.backend.lowering import registry
+
+    table = dict(registry.LOWERINGS)
+    del table[torch.ops.aten.cos.default]
+    monkeypatch.setattr(registry, "LOWERINGS", table)
+    monkeypatch.setattr(pjrt_mode._S, "host", {})
+    monkeypatch.setattr(pjrt_mode._S, "cache", {})
+    x = torch.randn(5, device="tpu")
+    with pytest.warns(RuntimeWarning, match="aten.cos.default"):
+        y = (x.sin() + 1).cos()
+    torch.testing.assert_close(y.cpu(), (x.cpu().sin() + 1).cos())
+    assert "aten.cos.default" in pjrt_mode.host_ops()

@@ -130,3 +130,29 @@ def test_collectives_and_link_heat_map_are_reported(tmp_path):
     assert 0 < links["max_utilisation"] <= 1 and links["per_chip"]
     out = write_report(tmp_path, report, timelines)
     assert (out / "links.png").exists()
+
+
+def test_lint_reports_recompilations_with_their_source_line():
+    # the same line runs a matmul of 64 rows, then 37 (a last partial batch): the second shape recompiles
+    records = []
+    for step, rows in enumerate((64, 64, 37)):
+        a = TensorMeta(1, (rows, 128), "bfloat16", rows * 256, 1)
+        c = TensorMeta(3, (rows, 128), "bfloat16", rows * 256, 3)
+        records += [OpRecord(0, "aten::mm", "mxu", "bfloat16", (a, B), (c,), flops=2 * rows * 128 * 128,
+                             bytes_read=a.nbytes + B.nbytes, bytes_written=c.nbytes, matmul=(1, rows, 128, 128),
+                             source="train.py:9"), StepMarker(0, step)]
+    trace, slice_ = Trace(renumber(records)), build_slice("3d:1x1x1", "v5p")
+    warnings = lint(trace, slice_.chip, price(trace, topology=slice_, mode="strict"))
+    assert [(w["code"], w["source"]) for w in warnings if w["code"] == "recompile"] == [("recompile", "train.py:9")]
+
+
+def test_lint_flags_collectives_that_compute_cannot_hide():
+    from tpusim.trace import CollectiveRecord
+
+    grad = TensorMeta(9, (2**20,), "float32", 2**22, 9)
+    trace = Trace(renumber([CollectiveRecord(0, "all_reduce", grad.nbytes, inputs=(grad,), outputs=(grad,)),
+                            StepMarker(0, 0)]), world_size=64)
+    slice_ = build_slice("3d:4x4x4", "v5p")
+    warnings = lint(trace, slice_.chip, price(trace, topology=slice_, mode="strict"))
+    (bound,) = [w for w in warnings if w["code"] == "comm-bound"]
+    assert "2550 tokens per chip" in bound["message"]  # 4.59e14 FLOP/s / (2 x 9e10 B/s), the scaling book's figure

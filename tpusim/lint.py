@@ -1,5 +1,8 @@
 """TPU-readiness lint: what in a program will cost more on a TPU than its author expects.
 
+Checks: float64/complex use, host syncs inside the step loop, matmul shapes that waste MXU tiles,
+HBM near capacity, recompilations, and a per-chip batch too small for compute to hide collectives.
+
 Each check reads the trace (and a priced Timeline) and returns warnings as plain dicts
 ``{code, message, source}``; adding a check = one function in ``CHECKS``.
 """
@@ -92,8 +95,39 @@ def hbm_near_capacity(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -
                             f"{chip.hbm_bytes / 2**30:.0f} GiB: little headroom for larger batches")]
 
 
+def recompilations(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Warning_]:
+    """Shapes that change from step to step recompile the same code (the classic PyTorch/XLA pain)."""
+    stats = timeline.meta.get("compile_cache") if timeline is not None else None
+    if stats is None:
+        return []
+    found: dict[str, list] = {}
+    for recompile in stats.recompiles:
+        found.setdefault(recompile.source, []).append(recompile)
+    return [_warning("recompile", f"{len(items)} recompilation(s) of {items[0].op}: shapes changed from "
+                                  f"{items[0].old_shapes} to {items[0].new_shapes}; pad or bucket them to a few "
+                                  f"fixed shapes", source)
+            for source, items in sorted(found.items())]
+
+
+def communication_bound(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Warning_]:
+    """Collectives that take longer than all the kernels of the program cannot hide behind them: the per-chip batch is
+    below the compute-bound threshold (scaling book: C / W_ici, about peak FLOP/s / bidirectional link bytes/s
+    tokens per chip for data parallelism on one axis)."""
+    if timeline is None or not timeline.collectives:
+        return []
+    collective_s = timeline.collective_s
+    compute_s = sum(timeline.time_by_bound.values()) / max(1, len(timeline.chips_simulated))
+    if collective_s <= compute_s:
+        return []
+    threshold = chip.peak_bf16_flops_per_s / (2 * chip.ici_link_bytes_per_s)
+    return [_warning("comm-bound", f"collectives take {collective_s * 1e3:.3g} ms against {compute_s * 1e3:.3g} ms "
+                                   f"of compute: the per-chip batch is below the compute-bound threshold (on "
+                                   f"{chip.name} about {threshold:.0f} tokens per chip for data parallelism over one "
+                                   f"torus axis, less over several), so communication cannot hide behind compute")]
+
+
 CHECKS: tuple[Callable[[Trace, ChipSpec, Timeline | None], list[Warning_]], ...] = (
-    float64_use, syncs_in_step_loop, mxu_tile_waste, hbm_near_capacity)
+    float64_use, syncs_in_step_loop, mxu_tile_waste, hbm_near_capacity, recompilations, communication_bound)
 
 
 def lint(trace: Trace, chip: ChipSpec, timeline: Timeline | None = None) -> list[dict[str, Any]]:

@@ -62,6 +62,12 @@ def render_html(report: dict[str, Any], figures: dict[str, Path]) -> str:
                         ("placements", "Placements")):
         if name in figures:
             parts.append(f"<h2>{title}</h2>" + _image(figures[name], title))
+        if name == "placements" and (report.get("placements") or {}).get("ranked"):
+            placements = report["placements"]
+            parts.append(f"<p>{html.escape(placements.get('reason', ''))}</p>" + _table(
+                ["placement", "step time", "collective time"],
+                [[p["placement"] + (" (default)" if p["placement"] == placements.get("default") else ""),
+                  format_seconds(p["step_s"]), format_seconds(p["collective_s"])] for p in placements["ranked"]]))
     parts.append(f"<h2>Top ops ({best})</h2>" + _table(
         ["op", "source", "count", "time", "FLOPs", "bytes", "bound"],
         [[o["op"], o["source"], o["count"], format_seconds(o["seconds"]), f"{o['flops']:.3g}",

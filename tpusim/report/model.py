@@ -20,6 +20,8 @@ Schema ``tpusim-report`` version 1::
       device_s                 device timeline split: mxu, vpu, transcendental, hbm, sparsecore,
                                launch (op time by the term that bound it), collective_exposed,
                                idle; they sum to total_s (per simulated chip)
+      step_device_s            the same split for one average step after the first (steady state;
+                               the whole program when there are fewer than two steps)
       host_s                   host timeline split: dispatch (incl. fused window recording and
                                debug's result read-back), stall, transfer, compile (cache misses)
       collective_overlapped_s  collective time hidden under compute
@@ -131,10 +133,10 @@ def mode_report(timeline: Timeline, trace: Trace, chip: ChipSpec) -> dict[str, A
     steps = [s.seconds for s in timeline.steps]
     after_first = steps[1:]
     chips = max(1, len(timeline.chips_simulated))
-    device = {term: timeline.time_by_bound.get(term, 0.0) / chips for term in DEVICE_TERMS}
-    exposed = timeline.collective_exposed_s
-    device["collective_exposed"] = exposed
-    device["idle"] = max(0.0, timeline.total_s - sum(device.values()))
+    device = device_split(timeline, 0.0, timeline.total_s)
+    exposed = device["collective_exposed"]
+    steady = (device_split(timeline, timeline.steps[1].start_s, timeline.steps[-1].end_s, len(after_first))
+              if after_first else device)
     ops = [e for e in timeline.events if e.kind == "op"]
     model_flops = sum(e.flops for e in ops) / chips
     return {
@@ -143,6 +145,7 @@ def mode_report(timeline: Timeline, trace: Trace, chip: ChipSpec) -> dict[str, A
         "first_step_s": steps[0] if steps else None,
         "step_time_median_s": median(after_first) if after_first else (steps[0] if steps else timeline.total_s),
         "device_s": device,
+        "step_device_s": steady,
         "host_s": {"dispatch": timeline.host_dispatch_s / chips, "stall": timeline.host_stall_s / chips,
                    "transfer": timeline.host_transfer_s / chips, "compile": timeline.host_compile_s / chips},
         "collective_overlapped_s": max(0.0, timeline.collective_s - exposed),
@@ -159,6 +162,24 @@ def mode_report(timeline: Timeline, trace: Trace, chip: ChipSpec) -> dict[str, A
         "links": link_summary(timeline),
         "host_stalls": host_stalls(timeline),
     }
+
+
+def device_split(timeline: Timeline, start: float, end: float, per: int = 1) -> dict[str, float]:
+    """Device time in [start, end) by what bound each op, exposed collective waits, and idle; per chip,
+    divided by ``per`` (steps) to give a per-step average."""
+    chips = max(1, len(timeline.chips_simulated))
+    split = dict.fromkeys((*DEVICE_TERMS, "collective_exposed"), 0.0)
+    for event in timeline.events:
+        overlap = min(event.end_s, end) - max(event.start_s, start)
+        if overlap <= 0:
+            continue
+        if event.kind == "op" and event.bound in split:
+            split[event.bound] += overlap
+        elif event.kind == "wait" and event.bound == "collective":
+            split["collective_exposed"] += overlap
+    split = {term: seconds / chips / per for term, seconds in split.items()}
+    split["idle"] = max(0.0, (end - start) / per - sum(split.values()))
+    return split
 
 
 def mxu_utilisation(trace: Trace, chip: ChipSpec) -> float:

@@ -48,19 +48,20 @@ def mode_comparison(report: dict[str, Any]) -> Figure:
 
 
 def time_breakdown(report: dict[str, Any]) -> Figure:
-    """Where the device's time goes in each mode: op time by limiting term, exposed collectives, idle."""
+    """Where the device's time goes in an average step after the first (compile and warm-up excluded):
+    op time by limiting term, exposed collectives, idle."""
     modes = _modes(report)
-    total = max(report["modes"][m]["total_s"] for m in modes) or 1.0
+    total = max(sum(report["modes"][m]["step_device_s"].values()) for m in modes) or 1.0
     unit, scale = _time_unit(total)
     fig = Figure(figsize=(7, 1.2 + 0.6 * len(modes)), layout="constrained")
     ax = fig.subplots()
     left = np.zeros(len(modes))
     for term, colour in DEVICE_COLOURS.items():
-        widths = np.array([report["modes"][m]["device_s"].get(term, 0.0) / scale for m in modes])
+        widths = np.array([report["modes"][m]["step_device_s"].get(term, 0.0) / scale for m in modes])
         if widths.any():
             ax.barh(modes, widths, left=left, color=colour, label=term)
             left += widths
-    ax.set_xlabel(f"simulated time ({unit}), whole program, per chip")
+    ax.set_xlabel(f"simulated time ({unit}) of one step after the first, per chip")
     ax.set_title("Device time breakdown")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=4, fontsize=8, frameon=False)
     return fig
@@ -118,8 +119,30 @@ def link_heatmap(report: dict[str, Any], mode: str | None = None) -> Figure | No
     return fig
 
 
+def placement_comparison(report: dict[str, Any]) -> Figure | None:
+    """Collective time per DeviceMesh placement (stacked by mesh dim), best first, when compared."""
+    ranked = (report.get("placements") or {}).get("ranked") or []
+    if len(ranked) < 2:
+        return None
+    ranked = ranked[:12]
+    dims = sorted({dim for p in ranked for dim in p["by_dim"]})
+    unit, scale = _time_unit(max(p["collective_s"] for p in ranked) or 1e-9)
+    fig = Figure(figsize=(7, 1.2 + 0.35 * len(ranked)), layout="constrained")
+    ax = fig.subplots()
+    labels = [p["placement"] for p in ranked][::-1]
+    left = np.zeros(len(ranked))
+    for dim in dims:
+        widths = np.array([p["by_dim"].get(dim, 0.0) / scale for p in ranked][::-1])
+        ax.barh(labels, widths, left=left, label=dim)
+        left += widths
+    ax.set_xlabel(f"collective time per run ({unit}), by mesh dim")
+    ax.set_title("Placements of the DeviceMesh on the torus (best at the top)")
+    ax.legend(fontsize=8)
+    return fig
+
+
 FIGURES = {"modes": mode_comparison, "breakdown": time_breakdown, "roofline": roofline,
-           "links": link_heatmap}
+           "links": link_heatmap, "placements": placement_comparison}
 
 
 def save_figures(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:

@@ -74,9 +74,10 @@ def render_html(report: dict[str, Any], figures: dict[str, Path]) -> str:
           format_bytes(o["bytes"]), o["bound"]] for o in summary["top_ops"]]))
     if summary["collectives"]:
         parts.append(f"<h2>Collectives ({best})</h2>" + _table(
-            ["kind", "bytes", "group", "axes", "algorithm", "DES time", "closed form", "source"],
+            ["kind", "bytes", "group", "axes", "algorithm", "DES time", "closed form", "contention", "source"],
             [[c["kind"], format_bytes(c["bytes"]), c["group_size"], ",".join(c["axes"]), c["algorithm"],
-              format_seconds(c["time_s"]), format_seconds(c["closed_form_s"]), c["source"]]
+              format_seconds(c["time_s"]), format_seconds(c["closed_form_s"]),
+              format_seconds(max(0.0, c["contention_s"])), c["source"]]
              for c in summary["collectives"][:50]]))
     if summary["host_stalls"]:
         parts.append(f"<h2>Where the host waited ({best})</h2>" + _table(

@@ -40,7 +40,9 @@ Schema ``tpusim-report`` version 1::
       hbm                      peak_bytes, capacity_bytes, peak_fraction
       top_ops                  [{op, source, count, seconds, flops, bytes, bound}] by seconds
       collectives              [{seq, kind, bytes, group_size, axes, algorithm, reason,
-                                 time_s (DES), closed_form_s, source}]
+                                 time_s (DES, in this run), closed_form_s (alone on an idle
+                                 network), contention_s (DES minus closed form: time lost to
+                                 other traffic on the same links), async, source}]
       links                    max_utilisation, mean_utilisation (busy links), busiest
       host_stalls              [{reason, source, seconds}] where the host waited for the device
     warnings                   [{code, message, source}] (TPU-readiness lint)
@@ -227,7 +229,7 @@ def collective_entry(run: Any) -> dict[str, Any]:
     return {"seq": run.seq, "kind": run.kind, "bytes": result.bytes, "rank_bytes": run.rank_bytes,
             "group_size": run.group_size, "axes": list(result.axes), "algorithm": result.algorithm,
             "reason": result.reason, "time_s": run.end_s - run.start_s, "closed_form_s": result.closed_form_s,
-            "idle_network_s": result.time_s, "async": run.async_op, "source": run.source}
+            "contention_s": result.contention_s, "async": run.async_op, "source": run.source}
 
 
 def link_summary(timeline: Timeline) -> dict[str, Any]:

@@ -130,6 +130,12 @@ def test_collectives_and_link_heat_map_are_reported(tmp_path):
     assert 0 < links["max_utilisation"] <= 1 and links["per_chip"]
     out = write_report(tmp_path, report, timelines)
     assert (out / "links.png").exists()
+    events = json.loads((out / "trace.json").read_text())["traceEvents"]
+    link_tracks = [e for e in events if e["ph"] == "M" and e["name"] == "thread_name" and "busy)" in e["args"]["name"]]
+    busy = [e for e in events if e.get("cat") == "ici" and e["ph"] == "X"]
+    assert link_tracks and busy
+    # a link is never busier than the collective lasted
+    assert max(e["dur"] for e in busy) <= entry["time_s"] * 1e6 * (1 + 1e-9)
 
 
 def test_lint_reports_recompilations_with_their_source_line():

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import simpy
 
@@ -55,6 +55,8 @@ from tpusim.topology import Coord, Slice
 DEFAULT_CHUNK_BYTES = 4 * 2**20  # fine enough to interleave ring steps of MiB shards, few events per GiB
 DCN_AXIS = -1                    # axis number of the DCN egress/ingress channels in a ChannelKey
 DCN_OUT, DCN_IN = 1, -1
+MAX_INTERVALS = 20_000           # busy spans kept per channel for the Perfetto view (statistics are exact)
+TRACED_CHANNELS = 16             # the busiest channels whose busy spans LinkStats carries
 
 ChannelKey = tuple[int, Coord, int, int]   # (slice index, source coord, axis, direction)
 
@@ -69,6 +71,14 @@ class Channel:
     next_free_s: float = 0.0   # when the chunk now queued last leaves the channel (FIFO server)
     busy_s: float = 0.0
     bytes: float = 0.0
+    intervals: list[list[float]] = field(default_factory=list)  # busy spans, back-to-back chunks merged
+
+    def mark_busy(self, start: float, end: float) -> None:
+        """Record a busy span for the trace view (merged with the previous one when they touch)."""
+        if self.intervals and start <= self.intervals[-1][1] + 1e-12:
+            self.intervals[-1][1] = max(self.intervals[-1][1], end)
+        elif len(self.intervals) < MAX_INTERVALS:
+            self.intervals.append([start, end])
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,7 @@ class ChannelStats:
     busy_s: float
     bytes: float
     utilisation: float
+    intervals: tuple[tuple[float, float], ...] = ()   # busy spans; kept for the busiest channels only
 
     @property
     def name(self) -> str:
@@ -228,9 +239,10 @@ class Network:
     def link_stats(self, elapsed_s: float) -> LinkStats:
         """Busy time, bytes and utilisation of every channel used so far, busiest first."""
         span = elapsed_s if elapsed_s > 0 else 1.0
-        stats = [ChannelStats(ch.key, ch.busy_s, ch.bytes, ch.busy_s / span if elapsed_s > 0 else 0.0)
-                 for ch in self.channels.values()]
-        stats.sort(key=lambda c: (-c.busy_s, c.key))
+        ordered = sorted(self.channels.values(), key=lambda ch: (-ch.busy_s, ch.key))
+        stats = [ChannelStats(ch.key, ch.busy_s, ch.bytes, ch.busy_s / span if elapsed_s > 0 else 0.0,
+                              tuple(map(tuple, ch.intervals)) if rank < TRACED_CHANNELS else ())
+                 for rank, ch in enumerate(ordered)]
         return LinkStats(elapsed_s=elapsed_s, channels=tuple(stats))
 
 
@@ -267,6 +279,7 @@ class _Flow:
         ch.next_free_s = end
         ch.busy_s += hold
         ch.bytes += size
+        ch.mark_busy(start, end)
         if hop + 1 < len(self.channels):
             env.timeout(start + ch.latency_s - now).callbacks.append(
                 lambda _e, k=k, h=hop + 1: self._arrive(k, h))

@@ -78,6 +78,7 @@ class Held:
             ch = net.channel(key)
             ch.busy_s += nbytes / ch.bytes_per_s
             ch.bytes += nbytes
+            ch.mark_busy(self.start_s, self.start_s + nbytes / ch.bytes_per_s)  # trace view: span, not chunks
         self.on_done()
 
     def realize(self) -> None:

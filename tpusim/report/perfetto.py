@@ -1,7 +1,8 @@
 """trace.json: a Timeline in Chrome trace-event format, for ui.perfetto.dev or chrome://tracing.
 
-One process per simulated chip (plus one for the ICI network), one thread per track:
-host, tensorcore, sparsecore, ici, pcie. Each event's args carry op name, bytes, FLOPs,
+One process per simulated chip, one thread per track: host, tensorcore, sparsecore, ici
+(collectives as the chip sees them), pcie; plus an "ICI links" process with one track per
+busy one-way link (the busiest 16) showing when it moved bytes. Each event's args carry op name, bytes, FLOPs,
 what bound it and the user's source line.
 """
 
@@ -10,6 +11,26 @@ from __future__ import annotations
 from typing import Any
 
 from tpusim.engine import TRACKS, Timeline
+
+LINKS_PID = 1_000_000  # the "ICI links" process, after every chip's
+
+
+def link_events(timeline: Timeline) -> list[dict[str, Any]]:
+    """One track per busy ICI channel (the busiest few), one event per busy span. A collective
+    fast-forwarded from the memo shows as one span of its bytes' busy time from its start."""
+    stats = timeline.link_stats
+    traced = [c for c in (stats.channels if stats is not None else ()) if c.intervals]
+    if not traced:
+        return []
+    events = [{"ph": "M", "name": "process_name", "pid": LINKS_PID, "tid": 0,
+               "args": {"name": "ICI links (busiest)"}}]
+    for tid, channel in enumerate(traced):
+        events.append({"ph": "M", "name": "thread_name", "pid": LINKS_PID, "tid": tid,
+                       "args": {"name": f"{channel.name} ({channel.utilisation:.0%} busy)"}})
+        events += [{"ph": "X", "name": "busy", "cat": "ici", "pid": LINKS_PID, "tid": tid, "ts": start * 1e6,
+                    "dur": max((end - start) * 1e6, 1e-3), "args": {"link": channel.name}}
+                   for start, end in channel.intervals]
+    return events
 
 
 def perfetto_trace(timeline: Timeline, mode: str) -> dict[str, Any]:
@@ -31,5 +52,6 @@ def perfetto_trace(timeline: Timeline, mode: str) -> dict[str, Any]:
         events.append({"ph": "X", "name": event.name, "cat": event.kind, "pid": event.chip,
                        "tid": TRACKS.index(event.track) if event.track in TRACKS else len(TRACKS),
                        "ts": event.start_s * 1e6, "dur": max(event.seconds * 1e6, 1e-3), "args": args})
+    events += link_events(timeline)
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"tool": "tpusim", "mode": mode, "policy": timeline.policy}}

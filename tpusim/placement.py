@@ -241,16 +241,19 @@ def enumerate_placements(mesh: Mesh, slice_: Slice, limit: int = MAX_PLACEMENTS)
 
 def remap(trace: Trace, slice_: Slice, placement: Placement) -> Trace:
     """The trace with every collective group (and, for multi-rank traces, every rank) made physical."""
-    phys = placement.physical(slice_)
+    return _renumber_ranks(trace, placement.physical(slice_), {**trace.meta, "placement": placement.text(slice_)})
+
+
+def _renumber_ranks(trace: Trace, ranks: dict[int, int], meta: dict) -> Trace:
+    """``trace`` with collective groups (and, for multi-rank traces, record ranks) mapped through ``ranks``."""
     multi = len({r.rank for r in trace.records}) > 1
     records = []
     for r in trace.records:
         if isinstance(r, CollectiveRecord) and r.group:
-            r = dataclasses.replace(r, group=tuple(phys[g] for g in r.group))
+            r = dataclasses.replace(r, group=tuple(ranks[g] for g in r.group))
         if multi:
-            r = dataclasses.replace(r, rank=phys[r.rank])
+            r = dataclasses.replace(r, rank=ranks[r.rank])
         records.append(r)
-    meta = {**trace.meta, "placement": placement.text(slice_)}
     return dataclasses.replace(trace, records=tuple(records), meta=meta)
 
 
@@ -381,16 +384,7 @@ def _logical(trace: Trace, slice_: Slice) -> Trace:
         return trace
     phys = parse_placement(text, mesh, slice_).physical(slice_)
     back = {p: logical for logical, p in phys.items()}
-    multi = len({r.rank for r in trace.records}) > 1
-    records = []
-    for r in trace.records:
-        if isinstance(r, CollectiveRecord) and r.group:
-            r = dataclasses.replace(r, group=tuple(back[g] for g in r.group))
-        if multi:
-            r = dataclasses.replace(r, rank=back[r.rank])
-        records.append(r)
-    meta = {k: v for k, v in trace.meta.items() if k != "placement"}
-    return dataclasses.replace(trace, records=tuple(records), meta=meta)
+    return _renumber_ranks(trace, back, {k: v for k, v in trace.meta.items() if k != "placement"})
 
 
 def format_placements(report: dict) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from tpusim.engine import Timeline, simulate
 from tpusim.errors import TpusimError
-from tpusim.modes import DEFAULT_MODE, MODES
+from tpusim.modes import DEFAULT_MODE, MODES, get_mode
 from tpusim.spec import ChipSpec
 from tpusim.topology import Slice, build_slice
 from tpusim.trace import Trace
@@ -41,8 +41,7 @@ def price(trace: Trace, *, topology: str | Slice = "", chip: str | ChipSpec | No
           progress: Callable[[str], None] | None = None) -> Timeline:
     """Simulate ``trace`` on a slice under one eager mode and return its Timeline."""
     slice_ = topology if isinstance(topology, Slice) else build_slice(topology or "3d:1x1x1", chip=chip)
-    if mode not in MODES:
-        resolve_modes(mode)  # raises with the accepted names
+    policy = get_mode(mode)  # an unknown name raises with the accepted ones
     if progress:
         progress(f"pricing {mode} mode on {slice_.spec} ({slice_.chip.name})")
-    return simulate(trace, slice_, chunk_bytes=chunk_bytes, policy=MODES[mode])
+    return simulate(trace, slice_, chunk_bytes=chunk_bytes, policy=policy)

@@ -8,6 +8,10 @@ default device (a TPU where JAX sees one, else CPU/GPU). Inputs are read from th
 memory, outputs land in fresh tensors on the inputs' device. A graph that uses an op the table
 lacks runs eagerly instead (op by op on the device), with a warning naming the ops.
 
+On the sim target, while a recording runs, every execution of a compiled graph is recorded as
+its ops (backend/program.py) marked as one program, which the simulator prices as one XLA
+program: fused as a whole, launched once, compiled once per signature (tpusim/fusion.py).
+
 Observability: ``compile_stats()`` lists graph breaks (reason, user source line) and
 recompilations (function, reason) from Dynamo's own records, and the compiled graphs;
 ``dump_stablehlo(fn, *inputs)`` returns the StableHLO text of what ``fn`` compiles to;
@@ -25,6 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.fx
+from tpusim.backend.program import Program
 
 BACKEND = "tpu"
 
@@ -78,9 +83,12 @@ def compile_stats() -> CompileStats:
     """Graphs compiled by the tpu backend, and Dynamo's graph breaks and recompilations, since reset_stats()."""
     from torch._dynamo.utils import get_compilation_metrics, graph_break_reasons
 
+    from tpusim.backend.source import is_internal_file
+
     breaks, seen = [], set()
     for r in graph_break_reasons:
-        frame = r.user_stack[-1] if r.user_stack else None
+        frames = [f for f in r.user_stack or () if not is_internal_file(f.filename)] or list(r.user_stack or ())
+        frame = frames[-1] if frames else None
         source = f"{frame.filename}:{frame.lineno}" if frame else "?"
         if (r.reason, source) not in seen:
             seen.add((r.reason, source))
@@ -88,6 +96,16 @@ def compile_stats() -> CompileStats:
     recompiles = [Recompile(f"{m.co_name} ({m.co_filename}:{m.co_firstlineno})", m.recompile_reason.strip())
                   for m in get_compilation_metrics() if m.recompile_reason]
     return CompileStats(list(_REG.graphs), breaks, recompiles)
+
+
+def trace_facts() -> dict:
+    """``compile_stats()`` as plain data for a trace's meta (key ``torch_compile``; tpusim/lint.py reads it)."""
+    stats = compile_stats()
+    return {"graphs": len(stats.graphs),
+            "graph_breaks": [{"reason": b.reason, "source": b.source} for b in stats.graph_breaks],
+            "recompiles": [{"function": r.function, "reason": r.reason} for r in stats.recompiles],
+            "eager_graphs": [{"graph": f"graph {g.index} ({g.kind})", "missing": list(g.missing)}
+                             for g in stats.graphs if not g.lowered]}
 
 
 def reset_stats() -> None:
@@ -143,7 +161,7 @@ def _spec(t: object) -> object:
 class JaxGraph:
     """One Core ATen graph as a jitted JAX function, called with and returning torch tensors."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str, index: int = 0) -> None:
         import jax
         from tpusim.backend.lowering import jax_function
         from tpusim.backend.lowering.interpreter import needs_random
@@ -155,7 +173,18 @@ class JaxGraph:
         self.jitted = jax.jit(self.fn)
         self.devices = _output_devices(gm)
         self.specs = [_spec(t) for t in example_inputs]
+        self.label = f"graph {index} ({kind})"
+        self._program: Program | None = None        # built at the first recorded call
         self._boxed_call = True
+
+    def _record(self, inputs: list, outputs: list) -> None:
+        """While recording: this execution's ops, priced by the simulator as one program."""
+        from tpusim.backend import recorder
+        from tpusim.backend.program import program_of
+
+        if self._program is None:
+            self._program = program_of(self.gm, self.label)
+        recorder.record_program(self._program, inputs, outputs)
 
     def lower(self) -> object:
         """The jax ``Lowered`` of this graph at its example shapes (``.as_text()`` is StableHLO)."""
@@ -174,14 +203,18 @@ class JaxGraph:
         from tpusim.backend.state import STATE
 
         inputs = [tensor_to_jax(_host(a)) if isinstance(a, torch.Tensor) else a for a in args]
+        bound = list(args) if STATE.recording else []
         args.clear()                                     # boxed convention: free inputs early
         if self.random:
             seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
             inputs.append(jax.random.PRNGKey(seed))
         if STATE.numerics is False:
             outs = jax.eval_shape(self.fn, *[_spec(i) if isinstance(i, torch.Tensor) else i for i in inputs])
-            return [torch.empty(o.shape, dtype=torch_dtype(o.dtype), device=d or "cpu")
-                    for o, d in zip(outs, self.devices)]
+            empty = [torch.empty(o.shape, dtype=torch_dtype(o.dtype), device=d or "cpu")
+                     for o, d in zip(outs, self.devices)]
+            if bound:
+                self._record(bound, empty)
+            return empty
         outs = self.jitted(*inputs)
         result, devices, slots = [], [], []
         for i, (o, d) in enumerate(zip(outs, self.devices)):
@@ -195,6 +228,8 @@ class JaxGraph:
         final = list(outs)
         for i, t in zip(slots, _to_device(result, devices)):
             final[i] = t
+        if bound:
+            self._record(bound, final)
         return final
 
 
@@ -206,7 +241,7 @@ def _compiler(kind: str) -> Callable:
         index = len(_REG.graphs)
         ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
         try:
-            graph = JaxGraph(gm, example_inputs, kind)
+            graph = JaxGraph(gm, example_inputs, kind, index)
         except MissingLowering as err:
             warnings.warn(f"tpusim: torch.compile graph {index} ({kind}) runs eagerly: no JAX lowering for "
                           f"{', '.join(err.ops)}", RuntimeWarning, stacklevel=2)
@@ -281,11 +316,19 @@ def _register(registry: object) -> None:
         registry.register_backend(compiler_fn=tpu_backend, name=BACKEND)
 
 
+def _skip_tpusim(trace_rules: object) -> None:
+    """Dynamo must never trace tpusim itself: the recorder's hooks run from inside ops (.item(), copies)
+    while a frame is being compiled, and tracing them would add graph breaks of ours to the user's."""
+    for package in ("tpusim", "tpusim.backend"):
+        trace_rules.add(package)
+
+
 def install() -> None:
     """Make ``backend="tpu"`` known to torch.compile when Dynamo is imported (it costs seconds, so not before)."""
     from tpusim.backend.compiler import _after_import
 
     _after_import("torch._dynamo.backends.registry", _register)
+    _after_import("torch._dynamo", lambda dynamo: _skip_tpusim(dynamo.trace_rules))
 
 
 def _target_from_env() -> None:

@@ -14,7 +14,9 @@ printing, ``torch.tpu.synchronize()``) and host<->device copies, ``MemoryRecord`
 device allocation and free, and ``StepMarker`` at each ``optimizer.step()`` or
 ``tpusim.backend.step()``. Layers above add through two public calls: ``record_collective``
 (the c10d backend) and ``set_meta`` (facts for ``trace.meta``). When no recording is active the
-fallback pays one attribute check.
+fallback pays one attribute check. A torch.compile'd graph's execution is recorded as its ops
+(``record_program``, backend/program.py), numbered by ``OpRecord.program`` so the simulator
+prices them as one XLA program.
 
 Tensor ids: a tensor is identified by (storage id, offset, shape, strides): two Python objects
 viewing the same bytes the same way are the same tensor for dataflow purposes.
@@ -22,6 +24,7 @@ viewing the same bytes the same way are the same tensor for dataflow purposes.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from tpusim.backend import costs, policy
+from tpusim.backend.program import Program
 from tpusim.backend.source import user_source, user_source_and_print
 from tpusim.backend.state import STATE
 
@@ -56,6 +60,8 @@ class Recording:
     steps: int = 0
     tensor_ids: dict[tuple, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    programs: int = 0               # compiled-program executions recorded (OpRecord.program numbers)
+    synthetic_storages: int = 0     # storages of values that never leave a compiled program
 
 
 _ACTIVE: Recording | None = None
@@ -122,6 +128,64 @@ def record_op(op: object, name: str, inputs: list[torch.Tensor], out: object, ar
         dtype = (outs_meta or ins_meta)[0].dtype if (outs_meta or ins_meta) else "float32"
         rec.records.append(OpRecord(0, name, cost.unit, dtype, ins_meta, outs_meta, cost.flops,
                                     cost.transcendentals, float(read), float(written), cost.matmul, source))
+
+
+def record_program(program: Program, inputs: list, outputs: list) -> None:
+    """One execution of a compiled graph (backend/compile.py): its ops as ``OpRecord``s sharing a fresh
+    ``program`` number. Graph inputs and outputs are the real tensors (so eager ops before and after
+    connect to them); values that never leave the graph get storages of their own (negative ids),
+    allocated before their producer and freed after their last reader."""
+    rec = _ACTIVE
+    if rec is None:
+        return
+    source = user_source()
+    with rec.lock:
+        _drain_memory(rec)
+        rec.programs += 1
+        real: dict[int, TensorMeta] = {}
+        for value, t in (*zip(program.inputs, inputs), *zip(program.outputs, outputs)):
+            if value is not None and isinstance(t, torch.Tensor) and t.device.type == "tpu":
+                real[value] = _metas(rec, [t])[0]
+        storage: dict[int, int] = {}
+        for v, value in enumerate(program.values):     # a view's base comes before it
+            if value.base in real:
+                storage[v] = real[value.base].storage
+            elif value.base != v:
+                storage[v] = storage[value.base]
+            else:
+                rec.synthetic_storages += 1
+                storage[v] = -rec.synthetic_storages
+        metas = {v: real.get(v) or _program_meta(rec, program, v, storage) for v in storage}
+        first: dict[int, tuple[int, int]] = {}         # synthetic storage -> (first op, bytes)
+        last: dict[int, int] = {}
+        for i, op in enumerate(program.ops):
+            for v in (*op.reads, *op.writes):
+                if v in storage and storage[v] < 0:
+                    first.setdefault(storage[v], (i, program.values[program.values[v].base].nbytes))
+                    last[storage[v]] = i
+        allocs: dict[int, list[int]] = {}
+        frees: dict[int, list[int]] = {}
+        for s, (i, _) in first.items():
+            allocs.setdefault(i, []).append(s)
+            frees.setdefault(last[s], []).append(s)
+        for i, op in enumerate(program.ops):
+            rec.records += [MemoryRecord(0, "alloc", s, first[s][1], rank=0) for s in allocs.get(i, ())]
+            ins = tuple(metas[v] for v in op.reads if v in metas)
+            outs = tuple(metas[v] for v in op.writes if v in metas)
+            read = op.cost.bytes_read if op.cost.bytes_read is not None else sum(m.nbytes for m in ins)
+            written = op.cost.bytes_written if op.cost.bytes_written is not None else sum(m.nbytes for m in outs)
+            dtype = (outs or ins)[0].dtype if (outs or ins) else "float32"
+            rec.records.append(OpRecord(0, op.name, op.cost.unit, dtype, ins, outs, op.cost.flops,
+                                        op.cost.transcendentals, float(read), float(written), op.cost.matmul,
+                                        op.source or source, program=rec.programs))
+            rec.records += [MemoryRecord(0, "free", s, first[s][1], rank=0) for s in frees.get(i, ())]
+
+
+def _program_meta(rec: Recording, program: Program, v: int, storage: dict[int, int]) -> TensorMeta:
+    value = program.values[v]
+    key = ("program", rec.programs, v)
+    tid = rec.tensor_ids[key] = len(rec.tensor_ids) + 1
+    return TensorMeta(tid, value.shape, _dtype_name(value.dtype), value.nbytes, storage[v])
 
 
 def record_host(event: str, reason: str, nbytes: int = 0) -> None:
@@ -236,6 +300,12 @@ def stop() -> Trace:
     cfg = STATE.config
     meta = {"device": "tpu", "chip": cfg.chip, "devices": cfg.device_count, "hbm_bytes": cfg.hbm_bytes,
             "numerics": cfg.numerics, "f64_ops": policy.non_native_ops(), **rec.meta}
+    if "torch._dynamo" in sys.modules:           # the program used torch.compile: its breaks and recompiles
+        from tpusim.backend.compile import trace_facts
+
+        facts = trace_facts()
+        if facts["graphs"] or facts["graph_breaks"] or facts["recompiles"]:
+            meta["torch_compile"] = facts
     rec.trace = Trace(records=renumber(rec.records), world_size=1, rank=0, meta=meta)
     return rec.trace
 

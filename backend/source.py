@@ -24,12 +24,15 @@ _internal: dict[object, bool] = {}
 _MAIN = threading.main_thread()
 
 
+def is_internal_file(name: str) -> bool:
+    """True for torch's, tpusim's and the interpreter's own files: never the user's line."""
+    return name.startswith(_INTERNAL_DIRS) or name.startswith("<frozen") or "/contextlib.py" in name
+
+
 def _is_internal(code: object) -> bool:
     flag = _internal.get(code)
     if flag is None:
-        name = code.co_filename
-        flag = name.startswith(_INTERNAL_DIRS) or name.startswith("<frozen") or "/contextlib.py" in name
-        _internal[code] = flag
+        flag = _internal[code] = is_internal_file(code.co_filename)
     return flag
 
 

@@ -5,6 +5,7 @@ shape-only mode (`--numerics off`):
 
     python -m tpusim run examples/transformer.py --topology 3d:8x8x8
     python -m tpusim run examples/transformer.py --numerics off -- --layers 24 --d-model 2048
+    python -m tpusim run examples/transformer.py --mode all -- --compile   # torch.compile(backend="tpu")
 """
 
 import argparse
@@ -60,14 +61,16 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--compile", action="store_true", help='run the model through torch.compile(backend="tpu")')
     args = parser.parse_args()
 
     torch.manual_seed(0)
     model = GPT(args.vocab, args.d_model, args.heads, args.layers, args.seq).to(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1)).to(args.device)
+    forward = torch.compile(model, backend="tpu") if args.compile else model
     for step in range(args.steps):
-        logits = model(tokens[:, :-1])
+        logits = forward(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
         optimizer.zero_grad()
         loss.backward()

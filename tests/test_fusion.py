@@ -248,3 +248,62 @@ def test_step_markers_cut_windows():
 @pytest.mark.parametrize("name", ["aten::add_.Tensor", "add.out", "aten::add"])
 def test_base_name_drops_namespace_overload_and_in_place(name):
     assert fusion.base_name(name) == "add"
+
+
+# ---- compiled programs (OpRecord.program > 0): fused in every mode, one launch, one compile -------------------
+def program(ops, number=1):
+    return [dataclasses.replace(r, program=number) if isinstance(r, OpRecord) else r for r in ops]
+
+
+def test_strict_fuses_a_compiled_program_and_leaves_eager_ops_alone():
+    eager = [alloc(9), ew("neg", [1], 9, "m.py:7")]
+    records = renumber(eager + program(chain()) + [ew("abs", [4], 10, "m.py:8")])
+    fused = fuse(records, toy_chip(), eager=False)
+    ks = kernels(fused.records)
+    assert [k.op for k in ks] == ["aten::neg", "fused[mul+add+relu]", "aten::abs"]
+    assert [k.program for k in ks] == [0, 1, 0]
+    assert (ks[1].bytes_read, ks[1].bytes_written, ks[1].onchip_bytes) == (MB, MB, 4 * MB)
+    # One launch for the whole program, at its start.
+    launches = [r for r in fused.records if isinstance(r, HostRecord) and r.reason == fusion.PROGRAM_REASON]
+    assert len(launches) == 1 and fused.records.index(ks[0]) < fused.records.index(launches[0]) \
+        < fused.records.index(ks[1])
+    s = fused.stats
+    assert (s.programs, s.program_ops, s.program_kernels) == (1, 3, 1)
+    assert (s.ops, s.windows, s.cuts) == (0, 0, {})          # eager windows: none in strict
+
+
+def test_a_program_is_one_window_whatever_its_size_and_opaque_ops_inside_do_not_cut_it():
+    size = fusion.WINDOW_OPS + 6
+    ops = [ew("add", [1], 2)] + [rec for i in range(2, size + 1) for rec in (ew("add", [i], i + 1), free(i))]
+    srt = dataclasses.replace(ew("sort", [size + 1], 500), op="aten::sort.stable")
+    records = renumber(program(ops + [srt, ew("mul", [500], 501), ew("exp", [501], 502), free(500)]))
+    ks = kernels(fuse(records, toy_chip(), eager=False).records)
+    # the adds: one kernel; the sort alone (an elementwise op may not join an opaque op); mul+exp after it
+    assert [len(k.parts) for k in ks] == [size, 1, 2] and ks[1].op == "aten::sort.stable"
+
+
+def test_two_executions_of_a_program_are_two_windows_and_cut_eager_fused_windows():
+    records = renumber([ew("neg", [1], 9)] + program(chain(), 1) + program(chain(), 2))
+    fused = fuse(records, toy_chip())
+    assert [k.program for k in kernels(fused.records)] == [0, 1, 2]
+    assert fused.stats.cuts == {"program": 1} and fused.stats.programs == 2
+
+
+def test_each_mode_prices_a_program_as_one_launch_and_one_compile():
+    chip = toy_chip(compile_s=1.0)
+    slice_ = build_slice("3d:1x1x1", chip=chip)
+    step = program(chain())
+    trace = Trace(renumber([*step, StepMarker(0, 1), *program(step, 2), StepMarker(0, 2)]))
+    eager = Trace(renumber([*chain(), StepMarker(0, 1), *chain(), StepMarker(0, 2)]))
+    for mode in ("debug", "strict", "fused"):
+        compiled = price(trace, topology=slice_, mode=mode)
+        cache = compiled.meta["compile_cache"]
+        assert (cache.regions, cache.misses, cache.hits) == (2, 1, 1)     # one region per execution
+        debug = mode == "debug"
+        # debug checks each execution once, at its last kernel: one 1-byte flag written per program
+        assert compiled.kernels == 2 and compiled.hbm_bytes_moved == 4 * MB + (2 if debug else 0)
+        # host: one dispatch per execution (0.5 us each), plus debug's flag read-back per execution
+        assert compiled.host_dispatch_s == pytest.approx(2 * 0.5e-6 + (2 * 0.5e-6 if debug else 0))
+        if mode != "fused":     # the same ops run eagerly: six launches, three compiles
+            run = price(eager, topology=slice_, mode=mode)
+            assert run.kernels == 6 and run.meta["compile_cache"].misses == 3

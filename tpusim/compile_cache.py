@@ -1,8 +1,9 @@
 """The compilation cache every eager mode shares: a region compiles once per signature.
 
 Why: on a TPU each kernel is an XLA executable. The first time a region (one op in Debug
-and Strict, one fused kernel in Fused) is seen with given ops, shapes and dtypes it is
-compiled on the host (``chip.compile_s``); later sights with the same signature are hits.
+and Strict, one fused kernel in Fused, one torch.compile'd program in every mode) is seen
+with given ops, shapes and dtypes it is compiled on the host (``chip.compile_s``); later
+sights with the same signature are hits.
 A single op is the same region in every mode (``FusedKernel`` of one part has no wiring),
 so the key space is one.
 
@@ -22,10 +23,12 @@ Collectives are not regions here: the network model prices them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tpusim.fusion import FusedKernel
 from tpusim.spec import ChipSpec
 from tpusim.trace import HostRecord, OpRecord, Record, StepMarker
 
@@ -118,14 +121,36 @@ def _recompile(old: OpRecord, new: OpRecord) -> Recompile:
                      new_shapes=tuple(t.shape for t in after.inputs))
 
 
+def _program_regions(records: Sequence[Record]) -> dict[int, OpRecord]:
+    """Each compiled program execution as one region: a record whose parts are all its kernels' ops
+    (XLA compiles the whole graph once, keyed by its ops and shapes)."""
+    kernels: dict[int, list[OpRecord]] = {}
+    for rec in records:
+        if isinstance(rec, OpRecord) and rec.program:
+            kernels.setdefault(rec.program, []).append(rec)
+    regions = {}
+    for program, ks in kernels.items():
+        fields = {f.name: getattr(ks[0], f.name) for f in dataclasses.fields(OpRecord)}
+        regions[program] = FusedKernel(**{**fields, "op": f"program[{len(ks)} kernels]"},
+                                       parts=tuple(p for k in ks for p in _parts(k)))
+    return regions
+
+
 def with_compiles(records: Sequence[Record], chip: ChipSpec, cache: CompileCache) -> list[Record]:
-    """``records`` with a compile host record before every op whose region misses ``cache``."""
+    """``records`` with a compile host record before every op whose region misses ``cache``; a compiled
+    program is one region, looked up at its first kernel."""
     stepped = any(isinstance(rec, StepMarker) for rec in records)
+    programs = _program_regions(records)
     out: list[Record] = []
     for rec in records:
         if isinstance(rec, StepMarker) or (not stepped and isinstance(rec, HostRecord) and rec.event == "sync"):
             cache.new_iteration()
-        if isinstance(rec, OpRecord) and not cache.lookup(rec):
+        if isinstance(rec, OpRecord) and rec.program:
+            region = programs.pop(rec.program, None)        # None: a later kernel of a program looked up
+            if region is not None and not cache.lookup(region):
+                out.append(HostRecord(seq=rec.seq, event="dispatch", reason="compile", seconds=chip.compile_s,
+                                      source=rec.source, rank=rec.rank))
+        elif isinstance(rec, OpRecord) and not cache.lookup(rec):
             out.append(HostRecord(seq=rec.seq, event="dispatch", reason="compile", seconds=chip.compile_s,
                                   source=rec.source, rank=rec.rank))
         out.append(rec)

@@ -53,6 +53,16 @@ alloc goes just before the first kernel holding an op that followed it, a free j
 the last kernel holding an op that preceded it. The alloc/free pairs of storages whose every
 value stayed on chip are dropped (they never touch HBM).
 
+**Compiled programs** (ops recorded with ``program`` > 0: one execution of a torch.compile'd
+graph, lowered to one XLA program) are fused in every mode, each execution as one window of
+its own with no size limit: XLA sees the whole graph. Opaque ops in it run as kernels alone
+(they do not cut it). Values that never leave the graph were recorded with an alloc before
+their producer and a free after their last reader, so the on-chip rule above keeps an
+intermediate out of HBM exactly when its producer and readers share a kernel; values crossing
+kernels go through HBM, as between XLA fusions. The program is launched once: one
+``dispatch`` host record (reason ``PROGRAM_REASON``) of one op's dispatch time, and its
+kernels cost no host time of their own (``tpusim.modes``).
+
 Adding a fusion rule = one entry in ``ROLE_BY_OP`` (what an op is) or ``RULES`` (what a
 role may fuse with).
 """
@@ -79,6 +89,7 @@ from tpusim.trace import CollectiveRecord, HostRecord, MemoryRecord, OpRecord, R
 # in the window, and a window is the largest region the compile cache keys on.
 WINDOW_OPS = 256
 WINDOW_REASON = "fused_window"   # HostRecord reason of the host time spent recording a window
+PROGRAM_REASON = "program_launch"  # HostRecord reason of a compiled program's one launch
 MAX_NAME_PARTS = 6               # a kernel name lists at most this many op names
 
 
@@ -163,6 +174,9 @@ class FusionStats:
     onchip_bytes: float = 0.0
     reused_bytes: float = 0.0
     spilled_bytes: float = 0.0
+    programs: int = 0               # compiled-program executions (each one window; not in ops/kernels/windows)
+    program_ops: int = 0
+    program_kernels: int = 0
 
 
 @dataclass(frozen=True)
@@ -224,6 +238,7 @@ class _Group:
     anchors: int
     sealed: set[int]                # positions that must stay outside (producers of its contractions)
     needs: set[int]                 # positions that must run before it
+    closed: bool = False            # an opaque op (only in a compiled program's window): runs alone
 
 
 class _Grouper:
@@ -242,7 +257,7 @@ class _Grouper:
         producers = {p for p in self.flow.producers(pos, rec) if p in self.group_of}
         hazards = {p for t in rec.outputs for p in self.touched.get(t.storage, ())}
         group = _Group([pos], int(rule.anchor), set() if rule.takes_producers else producers,
-                       producers | hazards)
+                       producers | hazards, closed=not rule.fusible)
         sources = sorted({self.group_of[p] for p in producers}, reverse=True)
         if rule.takes_producers and sources:
             options = [sources] + ([[g] for g in sources] if len(sources) > 1 else [])
@@ -260,7 +275,7 @@ class _Grouper:
     def _can_merge(self, gids: list[int], new: _Group) -> bool:
         groups = [self.groups[g] for g in gids]
         members = {p for g in groups for p in g.members} | set(new.members)
-        if new.anchors + sum(g.anchors for g in groups) > 1:
+        if new.anchors + sum(g.anchors for g in groups) > 1 or any(g.closed for g in groups):
             return False
         if any(g.sealed & members for g in groups):
             return False
@@ -368,8 +383,8 @@ def _kernel(records: Sequence[Record], flow: _Dataflow, members: list[int], end:
         bytes_read=max(0.0, sum(q.bytes_read for q in parts) - internal - reused),
         bytes_written=max(0.0, sum(q.bytes_written for q in parts) - kept_writes),
         matmul=anchor.matmul if anchor else None, source=first.source, rank=first.rank,
-        parts=parts, wiring=tuple(wiring), exits=tuple(exits), onchip_bytes=internal + kept_writes, reused_bytes=reused,
-        spilled_bytes=spill_bytes)
+        program=first.program, parts=parts, wiring=tuple(wiring), exits=tuple(exits),
+        onchip_bytes=internal + kept_writes, reused_bytes=reused, spilled_bytes=spill_bytes)
     return record, kept
 
 
@@ -408,18 +423,20 @@ def _cut_reason(rec: Record) -> str:
     return "opaque"
 
 
-def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.0) -> Fused:
+def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.0, eager: bool = True) -> Fused:
     """Group ``records`` into fused kernels (see the module docstring).
 
     ``host_s_per_op`` > 0 adds, at each window's flush, one ``dispatch`` host record of
     that many seconds per op in the window (reason ``WINDOW_REASON``): the host recording
-    the window while the device waits for it.
+    the window while the device waits for it. ``eager=False`` fuses only compiled programs
+    (Debug and Strict: their eager ops stay one kernel each).
     """
     records = list(records)
     flow = _Dataflow(records)
     out: list[Record] = []
     window: list[int] = []
     held: list[tuple[int, MemoryRecord]] = []       # (position, record) of the window's memory records
+    program = 0                                     # the compiled program the window holds; 0: eager ops
     totals = Counter()
     cuts: Counter[str] = Counter()
 
@@ -440,24 +457,36 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
         memory = [m for _, m in held]
         dropped = _on_chip_storages(records, flow, window, kept, memory)
         first = records[window[0]]
-        if host_s_per_op > 0:
-            out.append(HostRecord(seq=first.seq, event="dispatch", reason=WINDOW_REASON,
-                                  seconds=len(window) * host_s_per_op, source=first.source, rank=first.rank))
+        if program:
+            out.append(HostRecord(seq=first.seq, event="dispatch", reason=PROGRAM_REASON,
+                                  seconds=chip.host_dispatch_ns / 1e9, source=first.source, rank=first.rank))
+            totals.update(programs=1, program_ops=len(window), program_kernels=len(kernels))
+        else:
+            if host_s_per_op > 0:
+                out.append(HostRecord(seq=first.seq, event="dispatch", reason=WINDOW_REASON,
+                                      seconds=len(window) * host_s_per_op, source=first.source, rank=first.rank))
+            totals.update(ops=len(window), kernels=len(kernels), windows=1)
+            cuts[reason] += 1
         out.extend(_interleave(kernels, [(q, m) for q, m in held if m.storage not in dropped], emitted))
-        totals.update(ops=len(window), kernels=len(kernels), windows=1,
-                      onchip=sum(k.onchip_bytes for k in kernels), reused=sum(k.reused_bytes for k in kernels),
+        totals.update(onchip=sum(k.onchip_bytes for k in kernels), reused=sum(k.reused_bytes for k in kernels),
                       spilled=sum(k.spilled_bytes for k in kernels))
-        cuts[reason] += 1
         window.clear()
         held.clear()
 
     for pos, rec in enumerate(records):
-        if isinstance(rec, OpRecord) and RULES[role_of(rec)].fusible:
+        if isinstance(rec, MemoryRecord):
+            held.append((pos, rec))
+            continue
+        ran_in = rec.program if isinstance(rec, OpRecord) else 0
+        if ran_in != program:
+            flush(pos, "program")                   # a program starts or ends: it is a window of its own
+            program = ran_in
+        if program:
+            window.append(pos)                      # whole-program fusion: no size limit, opaque ops run alone
+        elif isinstance(rec, OpRecord) and eager and RULES[role_of(rec)].fusible:
             if len(window) == WINDOW_OPS:
                 flush(pos, "size")
             window.append(pos)
-        elif isinstance(rec, MemoryRecord):
-            held.append((pos, rec))
         elif isinstance(rec, HostRecord) and rec.event == "dispatch":
             out.append(rec)
         else:
@@ -466,7 +495,9 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
     flush(len(records), "end")
     stats = FusionStats(ops=totals["ops"], kernels=totals["kernels"], windows=totals["windows"],
                         cuts=dict(sorted(cuts.items())), onchip_bytes=float(totals["onchip"]),
-                        reused_bytes=float(totals["reused"]), spilled_bytes=float(totals["spilled"]))
+                        reused_bytes=float(totals["reused"]), spilled_bytes=float(totals["spilled"]),
+                        programs=totals["programs"], program_ops=totals["program_ops"],
+                        program_kernels=totals["program_kernels"])
     return Fused(records=tuple(out), stats=stats)
 
 

@@ -1,7 +1,8 @@
 """TPU-readiness lint: what in a program will cost more on a TPU than its author expects.
 
 Checks: float64/complex use, host syncs inside the step loop, matmul shapes that waste MXU tiles,
-HBM near capacity, recompilations, and a per-chip batch too small for compute to hide collectives.
+HBM near capacity, recompilations, a per-chip batch too small for compute to hide collectives, and
+torch.compile's graph breaks, Dynamo recompilations and graphs that could not be lowered.
 
 Each check reads the trace (and a priced Timeline) and returns warnings as plain dicts
 ``{code, message, source}``; adding a check = one function in ``CHECKS``.
@@ -126,8 +127,23 @@ def communication_bound(trace: Trace, chip: ChipSpec, timeline: Timeline | None)
                                    f"torus axis, less over several), so communication cannot hide behind compute")]
 
 
+def torch_compile_issues(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Warning_]:
+    """torch.compile's own pains, from the backend's ``trace.meta["torch_compile"]``: a graph break splits a
+    program in two (eager Python between, two launches, no fusion across); a Dynamo recompilation re-traces
+    and re-compiles a function; a graph whose ops the JAX lowering lacks runs op by op."""
+    facts = trace.meta.get("torch_compile") or {}
+    warnings = [_warning("graph-break", f"torch.compile graph break: {b['reason']}; the code around it runs as "
+                                        f"separate programs", b["source"]) for b in facts.get("graph_breaks", [])]
+    warnings += [_warning("dynamo-recompile", f"torch.compile recompiled {r['function']}: {r['reason']}")
+                 for r in facts.get("recompiles", [])]
+    warnings += [_warning("eager-graph", f"torch.compile {g['graph']} ran op by op: no JAX lowering for "
+                                         f"{', '.join(g['missing'])}") for g in facts.get("eager_graphs", [])]
+    return warnings
+
+
 CHECKS: tuple[Callable[[Trace, ChipSpec, Timeline | None], list[Warning_]], ...] = (
-    float64_use, syncs_in_step_loop, mxu_tile_waste, hbm_near_capacity, recompilations, communication_bound)
+    float64_use, syncs_in_step_loop, mxu_tile_waste, hbm_near_capacity, recompilations, communication_bound,
+    torch_compile_issues)
 
 
 def lint(trace: Trace, chip: ChipSpec, timeline: Timeline | None = None) -> list[dict[str, Any]]:

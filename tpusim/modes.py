@@ -11,6 +11,9 @@ grouped:
   floating outputs, a 1-byte flag written), the flag comes back over PCIe (a 1-byte ``d2h``)
   and the host reads it, priced like one op dispatch (a runtime call). An estimate: no public
   figure for a TPU flag read-back exists.
+- **compiled programs** (torch.compile'd graphs, recorded with ``OpRecord.program``) are the
+  same in every mode: one launch, fused as a whole by ``tpusim.fusion``, one compile-cache
+  region, and in debug one result check after the program.
 - **fused**: the host records ops into windows (``tpusim.fusion``), paying ``RECORD_SHARE``
   of a dispatch per op, and at each cut launches the window's fused kernels, paying the rest
   of a dispatch per kernel. The device waits while a window is recorded; it overlaps the
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from tpusim.compile_cache import CompileCache, with_compiles
 from tpusim.engine import Plan, QueuePolicy
@@ -54,8 +57,9 @@ class EagerMode(QueuePolicy):
     def plan(self, records: Sequence[Record], chip: ChipSpec) -> Plan:
         meta = {}
         stream: Sequence[Record] = records
-        if self.fuse:
-            fused = fuse(records, chip, host_s_per_op=RECORD_SHARE * chip.host_dispatch_ns / 1e9)
+        if self.fuse or any(isinstance(r, OpRecord) and r.program for r in records):
+            record_s = RECORD_SHARE * chip.host_dispatch_ns / 1e9 if self.fuse else 0.0
+            fused = fuse(records, chip, host_s_per_op=record_s, eager=self.fuse)
             stream, meta["fusion"] = fused.records, fused.stats
         if self.check_results:
             stream = with_checks(stream, chip)
@@ -65,16 +69,21 @@ class EagerMode(QueuePolicy):
         return Plan(tuple(stream), meta)
 
     def dispatch_s(self, record: Record, chip: ChipSpec) -> float:
+        if isinstance(record, OpRecord) and record.program:     # its program's launch is one host record
+            return 0.0
         if isinstance(record, FusedKernel):     # its ops' recording was paid in the window's host record
             return (1.0 - RECORD_SHARE) * chip.host_dispatch_ns / 1e9
         return super().dispatch_s(record, chip)
 
 
-def with_checks(records: Iterable[Record], chip: ChipSpec) -> list[Record]:
-    """Debug's result check after every op with floating outputs (see the module docstring)."""
+def with_checks(records: Sequence[Record], chip: ChipSpec) -> list[Record]:
+    """Debug's result check after every op with floating outputs (see the module docstring); a compiled
+    program is one launch, checked once, at its last kernel."""
+    last_of_program = {r.program: i for i, r in enumerate(records) if isinstance(r, OpRecord) and r.program}
     out: list[Record] = []
-    for rec in records:
-        floats = [t for t in rec.outputs if _is_floating(t.dtype)] if isinstance(rec, OpRecord) else []
+    for i, rec in enumerate(records):
+        checked = isinstance(rec, OpRecord) and (not rec.program or last_of_program[rec.program] == i)
+        floats = [t for t in rec.outputs if _is_floating(t.dtype)] if checked else []
         if not floats:
             out.append(rec)
             continue

@@ -9,7 +9,10 @@ Record kinds (the ``kind`` key on disk):
 - ``op``          one kernel/op: tensors in and out (ids, shapes, dtypes, bytes,
                   storage ids for aliasing), FLOPs, transcendentals, bytes read and
                   written, the unit that runs it (MXU, VPU, SparseCore, DMA), the
-                  matmul shape when it is one, and the user's source line.
+                  matmul shape when it is one, and the user's source line. ``program``
+                  > 0 marks the ops of one execution of a torch.compile'd graph: the
+                  simulator prices them as one XLA program (tpusim/fusion.py), not as
+                  eager ops; 0 (the default, and absent in older traces) is eager.
 - ``collective``  all_reduce / all_gather / ... : bytes per rank, the process group
                   as ranks and/or a mesh axis name, the reduction, async or not.
 - ``host``        host work the device must wait for or that waits for the device:
@@ -77,6 +80,7 @@ class OpRecord:
     matmul: tuple[int, int, int, int] | None = None  # (batch, m, k, n) for MXU work
     source: str = ""
     rank: int = 0
+    program: int = 0                # >0: ran inside compiled program execution #program (torch.compile)
 
 
 @dataclass(frozen=True)

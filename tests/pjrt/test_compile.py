@@ -96,3 +96,84 @@ def test_missing_lowering_runs_eagerly_with_a_warning(monkeypatch: pytest.Monkey
         out = torch.compile(lambda v: v.sin() + 1, backend="tpu")(x)
     torch.testing.assert_close(out.cpu(), x.cpu().sin() + 1)
     assert not tb.compile_stats().graphs[0].lowered
+
+
+# ---- the sim target prices a compiled graph as one program ------------------------------------------------------
+def _mlp_steps(compiled: bool, steps: int = 2) -> object:
+    """Record ``steps`` SGD steps of a 256-1024-256 MLP (batch 64) after one warm-up step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(64, 256, device="tpu")
+    run = torch.compile(model, backend="tpu") if compiled else model
+
+    def step() -> None:
+        run(x).pow(2).mean().backward()     # the line the graphs' ops are attributed to
+        opt.step()
+        opt.zero_grad()
+
+    step()
+    with tb.recording() as rec:
+        for _ in range(steps):
+            step()
+    return rec.trace
+
+
+def test_a_compiled_training_step_is_recorded_as_a_forward_and_a_backward_program() -> None:
+    from tpusim.trace import OpRecord
+
+    trace = _mlp_steps(compiled=True)
+    ops = [r for r in trace.records if isinstance(r, OpRecord)]
+    numbers = [r.program for r in ops if r.program]
+    assert sorted(set(numbers)) == [1, 2, 3, 4]                  # forward + backward, two steps
+    assert all(a <= b for a, b in zip(numbers, numbers[1:]))     # each execution's ops are contiguous
+    # The MXU work is the model's, in closed form: per step 5 matmuls of 2*64*256*1024 FLOPs (2 forward,
+    # 2 weight gradients, 1 input gradient of the second layer) plus the forward bias adds (addmm).
+    mxu = sum(r.flops for r in ops if r.program and r.unit == "mxu")
+    assert mxu == 2 * (5 * 2 * 64 * 256 * 1024 + 64 * 1024 + 64 * 256)
+    assert {r.source for r in ops if r.program} == {f"test_compile.py:{_mlp_steps.__code__.co_firstlineno + 9}"}
+
+
+def test_the_compiled_program_prices_below_the_same_model_run_eagerly() -> None:
+    from tpusim.pricing import price
+
+    def steady_step(trace: object, mode: str) -> float:
+        return price(trace, topology="3d:1x1x1", chip="v5p", mode=mode).steps[-1].seconds
+
+    compiled, eager = _mlp_steps(compiled=True), _mlp_steps(compiled=False)
+    for mode in ("debug", "strict"):    # one launch per graph and whole-graph fusion against one launch per op
+        assert steady_step(compiled, mode) < steady_step(eager, mode)
+    timeline = price(compiled, topology="3d:1x1x1", chip="v5p", mode="strict")
+    fusion = timeline.meta["fusion"]
+    assert fusion.programs == 4 and fusion.program_kernels < fusion.program_ops
+    eager_run = price(eager, topology="3d:1x1x1", chip="v5p", mode="strict")
+    # the forward and backward graphs compile once each, where eager compiles every distinct op
+    assert timeline.meta["compile_cache"].misses < eager_run.meta["compile_cache"].misses
+
+
+def test_graph_breaks_and_recompiles_reach_the_trace_and_the_lint() -> None:
+    from tpusim.lint import lint
+    from tpusim.spec import load_chip
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = x.sin()
+        if y.sum().item() > 0:          # data-dependent branch: a graph break
+            y = y * 2
+        return y.cos()
+
+    compiled = torch.compile(fn, backend="tpu", dynamic=False)
+    with tb.recording() as rec:
+        compiled(torch.randn(8, device="tpu"))
+        compiled(torch.randn(16, device="tpu"))        # a new shape: Dynamo recompiles
+    facts = rec.trace.meta["torch_compile"]
+    assert facts["graphs"] >= 2 and facts["graph_breaks"] and facts["recompiles"]
+    codes = {w["code"]: w for w in lint(rec.trace, load_chip("v5p"))}
+    assert "test_compile.py" in codes["graph-break"]["source"] and "dynamo-recompile" in codes
+    programs = {r.program for r in rec.trace.records if getattr(r, "program", 0)}
+    assert len(programs) >= 4       # two graphs (before and after the break) per call
+
+
+def test_a_program_without_torch_compile_has_no_compile_facts() -> None:
+    with tb.recording() as rec:
+        torch.randn(4, device="tpu").sin()
+    assert "torch_compile" not in rec.trace.meta

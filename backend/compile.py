@@ -202,16 +202,18 @@ class JaxGraph:
         from tpusim.backend.lowering.dtypes import torch_dtype
         from tpusim.backend.state import STATE
 
-        inputs = [tensor_to_jax(_host(a)) if isinstance(a, torch.Tensor) else a for a in args]
+        shapes_only = STATE.numerics is False           # tensors have no memory: shapes and dtypes only
+        convert = _spec if shapes_only else (lambda t: tensor_to_jax(_host(t)))
+        inputs = [convert(a) if isinstance(a, torch.Tensor) else a for a in args]
         bound = list(args) if STATE.recording else []
         args.clear()                                     # boxed convention: free inputs early
         if self.random:
             seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
             inputs.append(jax.random.PRNGKey(seed))
-        if STATE.numerics is False:
-            outs = jax.eval_shape(self.fn, *[_spec(i) if isinstance(i, torch.Tensor) else i for i in inputs])
-            empty = [torch.empty(o.shape, dtype=torch_dtype(o.dtype), device=d or "cpu")
-                     for o, d in zip(outs, self.devices)]
+        if shapes_only:
+            outs = jax.eval_shape(self.fn, *inputs)
+            empty = [torch.empty(o.shape, dtype=torch_dtype(o.dtype), device=d or "cpu") if hasattr(o, "shape")
+                     else o for o, d in zip(outs, self.devices)]
             if bound:
                 self._record(bound, empty)
             return empty

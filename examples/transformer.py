@@ -9,6 +9,7 @@ shape-only mode (`--numerics off`):
 """
 
 import argparse
+import os
 
 import torch
 from torch import nn
@@ -69,13 +70,15 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1)).to(args.device)
     forward = torch.compile(model, backend="tpu") if args.compile else model
+    readable = os.environ.get("TPUSIM_NUMERICS", "on") != "off"      # shape-only runs have no values to print
     for step in range(args.steps):
         logits = forward(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        print(f"step {step}: loss {loss.item():.4f}")
+        if readable:
+            print(f"step {step}: loss {loss.item():.4f}")
 
 
 if __name__ == "__main__":

@@ -177,3 +177,20 @@ def test_a_program_without_torch_compile_has_no_compile_facts() -> None:
     with tb.recording() as rec:
         torch.randn(4, device="tpu").sin()
     assert "torch_compile" not in rec.trace.meta
+
+
+def test_tpusim_run_prices_a_compiled_model_in_shape_only_mode(tmp_path: object) -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "tpusim", "run", "examples/transformer.py", "--numerics", "off",
+                           "--quiet", "--out", str(tmp_path), "--", "--compile", "--steps", "2", "--layers", "1",
+                           "--d-model", "64", "--seq", "32"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["complete"]
+    fusion = report["modes"]["strict"]["fusion"]
+    assert fusion["programs"] == 4 and 0 < fusion["program_kernels"] < fusion["program_ops"]

@@ -121,20 +121,24 @@ def record_op(op: object, name: str, inputs: list[torch.Tensor], out: object, ar
     source = user_source()
     with rec.lock:
         _drain_memory(rec)
-        ins_meta = _metas(rec, inputs)
-        outs_meta = _metas(rec, outs)
-        read = cost.bytes_read if cost.bytes_read is not None else sum(m.nbytes for m in ins_meta)
-        written = cost.bytes_written if cost.bytes_written is not None else sum(m.nbytes for m in outs_meta)
-        dtype = (outs_meta or ins_meta)[0].dtype if (outs_meta or ins_meta) else "float32"
-        rec.records.append(OpRecord(0, name, cost.unit, dtype, ins_meta, outs_meta, cost.flops,
-                                    cost.transcendentals, float(read), float(written), cost.matmul, source))
+        rec.records.append(_op_record(name, cost, _metas(rec, inputs), _metas(rec, outs), source))
+
+
+def _op_record(name: str, cost: costs.Cost, ins: tuple[TensorMeta, ...], outs: tuple[TensorMeta, ...], source: str,
+               program: int = 0) -> OpRecord:
+    """An op's record; bytes default to its tensors' sizes where the cost rule leaves them open."""
+    read = cost.bytes_read if cost.bytes_read is not None else sum(m.nbytes for m in ins)
+    written = cost.bytes_written if cost.bytes_written is not None else sum(m.nbytes for m in outs)
+    dtype = (outs or ins)[0].dtype if (outs or ins) else "float32"
+    return OpRecord(0, name, cost.unit, dtype, ins, outs, cost.flops, cost.transcendentals, float(read),
+                    float(written), cost.matmul, source, program=program)
 
 
 def record_program(program: Program, inputs: list, outputs: list) -> None:
     """One execution of a compiled graph (backend/compile.py): its ops as ``OpRecord``s sharing a fresh
     ``program`` number. Graph inputs and outputs are the real tensors (so eager ops before and after
     connect to them); values that never leave the graph get storages of their own (negative ids),
-    allocated before their producer and freed after their last reader."""
+    allocated before their first op and freed after their last."""
     rec = _ACTIVE
     if rec is None:
         return
@@ -155,37 +159,36 @@ def record_program(program: Program, inputs: list, outputs: list) -> None:
             else:
                 rec.synthetic_storages += 1
                 storage[v] = -rec.synthetic_storages
-        metas = {v: real.get(v) or _program_meta(rec, program, v, storage) for v in storage}
-        first: dict[int, tuple[int, int]] = {}         # synthetic storage -> (first op, bytes)
-        last: dict[int, int] = {}
+        metas = {v: real.get(v) or _program_meta(rec, program, v, storage[v]) for v in storage}
+        allocs, frees = _lifetimes(program, storage)
         for i, op in enumerate(program.ops):
-            for v in (*op.reads, *op.writes):
-                if v in storage and storage[v] < 0:
-                    first.setdefault(storage[v], (i, program.values[program.values[v].base].nbytes))
-                    last[storage[v]] = i
-        allocs: dict[int, list[int]] = {}
-        frees: dict[int, list[int]] = {}
-        for s, (i, _) in first.items():
-            allocs.setdefault(i, []).append(s)
-            frees.setdefault(last[s], []).append(s)
-        for i, op in enumerate(program.ops):
-            rec.records += [MemoryRecord(0, "alloc", s, first[s][1], rank=0) for s in allocs.get(i, ())]
-            ins = tuple(metas[v] for v in op.reads if v in metas)
-            outs = tuple(metas[v] for v in op.writes if v in metas)
-            read = op.cost.bytes_read if op.cost.bytes_read is not None else sum(m.nbytes for m in ins)
-            written = op.cost.bytes_written if op.cost.bytes_written is not None else sum(m.nbytes for m in outs)
-            dtype = (outs or ins)[0].dtype if (outs or ins) else "float32"
-            rec.records.append(OpRecord(0, op.name, op.cost.unit, dtype, ins, outs, op.cost.flops,
-                                        op.cost.transcendentals, float(read), float(written), op.cost.matmul,
-                                        op.source or source, program=rec.programs))
-            rec.records += [MemoryRecord(0, "free", s, first[s][1], rank=0) for s in frees.get(i, ())]
+            rec.records += [MemoryRecord(0, "alloc", s, n) for s, n in allocs.get(i, ())]
+            rec.records.append(_op_record(op.name, op.cost, tuple(metas[v] for v in op.reads),
+                                          tuple(metas[v] for v in op.writes), op.source or source, rec.programs))
+            rec.records += [MemoryRecord(0, "free", s, n) for s, n in frees.get(i, ())]
 
 
-def _program_meta(rec: Recording, program: Program, v: int, storage: dict[int, int]) -> TensorMeta:
+def _program_meta(rec: Recording, program: Program, v: int, storage: int) -> TensorMeta:
     value = program.values[v]
-    key = ("program", rec.programs, v)
-    tid = rec.tensor_ids[key] = len(rec.tensor_ids) + 1
-    return TensorMeta(tid, value.shape, _dtype_name(value.dtype), value.nbytes, storage[v])
+    tid = rec.tensor_ids[("program", rec.programs, v)] = len(rec.tensor_ids) + 1
+    return TensorMeta(tid, value.shape, _dtype_name(value.dtype), value.nbytes, storage)
+
+
+def _lifetimes(program: Program, storage: dict[int, int]) -> tuple[dict[int, list], dict[int, list]]:
+    """op index -> [(synthetic storage, bytes)] to allocate before it, and to free after it."""
+    first: dict[int, tuple[int, int]] = {}
+    last: dict[int, int] = {}
+    for i, op in enumerate(program.ops):
+        for v in (*op.reads, *op.writes):
+            if storage[v] < 0:
+                first.setdefault(storage[v], (i, program.values[program.values[v].base].nbytes))
+                last[storage[v]] = i
+    allocs: dict[int, list] = {}
+    frees: dict[int, list] = {}
+    for s, (i, nbytes) in first.items():
+        allocs.setdefault(i, []).append((s, nbytes))
+        frees.setdefault(last[s], []).append((s, nbytes))
+    return allocs, frees
 
 
 def record_host(event: str, reason: str, nbytes: int = 0) -> None:

@@ -162,3 +162,36 @@ def test_lint_flags_collectives_that_compute_cannot_hide():
     warnings = lint(trace, slice_.chip, price(trace, topology=slice_, mode="strict"))
     (bound,) = [w for w in warnings if w["code"] == "comm-bound"]
     assert "2550 tokens per chip" in bound["message"]  # 4.59e14 FLOP/s / (2 x 9e10 B/s), the scaling book's figure
+
+
+def test_measured_section_sets_real_times_beside_the_prediction(priced, tmp_path):
+    from tpusim.measure import JaxDevice, ModeRun
+    from tpusim.report import measured_section
+    from tpusim.report.measured import not_tpu_note
+
+    _, _, timelines, report = priced
+    runs = [ModeRun("debug", (2.0, 0.3, 0.5, 0.4), 3.2, target_mode="debug"),
+            ModeRun("strict", (1.0, 0.2, 0.2), 1.4, target_mode="strict"),
+            ModeRun("fused", (0.5,), None, exit_code=1, error_type="RuntimeError", error="Traceback ...\n")]
+    cpu = measured_section(JaxDevice("cpu", "cpu", "0.10.2"), "v5p", "default", runs, report["modes"])
+    assert cpu["baseline"] == "strict" and cpu["notes"] == [not_tpu_note("cpu")]
+    debug, strict, fused = (cpu["modes"][m] for m in ("debug", "strict", "fused"))
+    assert (debug["steps"], debug["first_step_s"], debug["step_time_median_s"]) == (4, 2.0, 0.4)
+    assert debug["ratio"]["measured"] == pytest.approx(0.4 / 0.2)
+    assert debug["ratio"]["simulated"] == pytest.approx(report["modes"]["debug"]["step_time_median_s"]
+                                                        / report["modes"]["strict"]["step_time_median_s"])
+    assert strict["ratio"] == {"measured": 1.0, "simulated": 1.0}
+    assert fused["error"]["type"] == "RuntimeError" and fused["step_time_median_s"] == 0.5  # one step: its own
+    assert fused["simulated_step_time_median_s"] is None and fused["ratio"]["simulated"] is None  # not priced
+    # on a TPU tpusim knows, no note; on one it has no chip for, or with --chip, the note says what was priced
+    tpu = JaxDevice("tpu", "TPU v5 lite", "0.10.2")
+    assert measured_section(tpu, "v5e", "device", runs[:1], report["modes"])["notes"] == []
+    assert measured_section(tpu, "v5e", "device", runs[:1], report["modes"])["baseline"] == "debug"
+    assert "--chip" in measured_section(tpu, "v5p", "--chip", runs, report["modes"])["notes"][0]
+    full = {**report, "measured": cpu}
+    table = summary_table(full, "reports/x")
+    assert "vs strict, measured" in table and f"note: {not_tpu_note('cpu')}" in table
+    assert "measured fused: the run failed with RuntimeError" in table
+    page = (write_report(tmp_path, full, timelines) / "report.html").read_text()
+    assert "Measured on the PJRT target" in page and "Traceback ..." in page
+    assert json.loads((tmp_path / "report.json").read_text())["measured"]["modes"]["strict"]["steps"] == 3

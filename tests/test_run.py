@@ -74,3 +74,38 @@ def test_bad_input_fails_before_the_script_runs(argv, message):
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
     assert "step 0" not in result.stdout
+
+
+def test_sim_target_writes_no_measured_section(mlp_run):
+    _, out = mlp_run
+    report = json.loads((out / "report.json").read_text())
+    assert report["run"]["target"] == "sim" and "measured" not in report
+
+
+@pytest.mark.parametrize("kind, chip", [
+    ("TPU v4", "v4"), ("TPU v5 lite", "v5e"), ("TPU v5e", "v5e"), ("TPU v5", "v5p"), ("TPU v5p", "v5p"),
+    ("TPU v6 lite", "v6e"), ("tpu  V6E", "v6e"), ("TPU7x", "v7"),
+    ("TPU v3", None), ("TPU v4 lite", None), ("cpu", None), ("NVIDIA H100 80GB HBM3", None),
+])
+def test_jax_device_kind_maps_to_the_tpusim_chip(kind, chip):
+    from tpusim.measure import DEVICE_KIND_CHIPS, chip_for_device_kind
+    from tpusim.spec import available_chips
+
+    assert chip_for_device_kind(kind) == chip
+    assert set(DEVICE_KIND_CHIPS.values()) <= set(available_chips())   # every target is a chip file
+
+
+@pytest.mark.parametrize("jax_installed, extra, message", [
+    (False, [], 'pip install -e ".[pjrt]"'),
+    (True, ["--numerics", "off"], "--target pjrt needs --numerics on"),
+])
+def test_target_pjrt_fails_early_with_one_line(monkeypatch, capsys, jax_installed, extra, message):
+    import tpusim.measure
+    from tpusim.cli import main
+
+    monkeypatch.setattr(tpusim.measure, "_jax_installed", lambda: jax_installed)
+    monkeypatch.setattr(tpusim.measure, "probe_device", lambda *a: pytest.fail("JAX was asked for its device"))
+    code = main(["run", "examples/mlp.py", "--target", "pjrt", *extra])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert message in captured.err and len(captured.err.strip().splitlines()) == 1 and "Traceback" not in captured.err

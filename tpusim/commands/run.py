@@ -1,7 +1,9 @@
 """``tpusim run SCRIPT``: run a PyTorch script on the simulated slice and write its cost report.
 
 The one command that reaches both layers: it imports the PyTorch backend lazily (only
-here), records the script's program trace once, and prices it per eager mode.
+here), records the script's program trace once, and prices it per eager mode. With
+``--target pjrt`` it also runs the script for real through JAX, once per mode in a fresh
+process (tpusim/measure.py), and sets the measured step times beside the prediction.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tpusim.errors import TpusimError
+from tpusim.measure import INTERRUPTED, JaxDevice
 
 EXAMPLES = """\
 The script runs unchanged as __main__ with its own arguments (after --); its tensors on
@@ -27,6 +31,13 @@ examples:
   python -m tpusim run examples/transformer.py --topology 3d:8x8x8 --mode all
   python -m tpusim run examples/transformer.py --numerics off -- --layers 24 --d-model 2048
   python -m tpusim run examples/dlrm.py --chip v5e --topology 2d:4x4 --out reports/dlrm-v5e
+  python -m tpusim run examples/mlp.py --target pjrt --mode all # also run each mode for real through JAX
+
+--target pjrt (needs pip install -e ".[pjrt]"): after pricing, each mode runs the script for real
+on JAX's default device (a TPU where JAX sees one, else its CPU or GPU), in a fresh process with
+TPUSIM_TARGET=pjrt and nothing recorded; the report's `measured` section and the summary set its
+wall time per step beside the prediction. On a TPU the prediction is for that chip (unless --chip);
+elsewhere compare the ratios between modes, not the absolute times.
 
 What it writes (in --out, default reports/<script>-<topology>-<time>/):
   report.json   the versioned cost report (the contract; see tpusim/report/model.py)
@@ -64,6 +75,12 @@ def add_parser(subparsers) -> None:
                              "then y, z)")
     parser.add_argument("--compare-placements", action="store_true",
                         help="also price every distinct placement of the DeviceMesh, ranked by step time")
+    parser.add_argument("--target", choices=("sim", "pjrt"), default="sim",
+                        help="sim: the prediction only (default); pjrt: also run the script for real through "
+                             "JAX, one fresh process per mode, and report measured step times beside the "
+                             "prediction (priced on JAX's TPU chip unless --chip)")
+    parser.add_argument("--pjrt-timeout", type=float, default=3600.0, metavar="S",
+                        help="--target pjrt: stop a measured run after S seconds (default 3600; 0: never)")
     parser.set_defaults(run=run, script_args=[])
 
 
@@ -118,17 +135,26 @@ def run(args: argparse.Namespace) -> int:
 
     script = check_script(args.script)
     modes = resolve_modes(args.mode)
+    progress = Progress(args.quiet)
+    device = _jax_device(args, progress) if args.target == "pjrt" else None
+    chip_arg, chip_from = _chip_choice(args.chip, device)
     if args.topology is None:
-        topology = single_chip_topology(load_chip(args.chip or "v5p"))
-        chip = args.chip or "v5p"
+        topology = single_chip_topology(load_chip(chip_arg or "v5p"))
+        chip = chip_arg or "v5p"
     else:
-        topology, chip = args.topology, args.chip
-    slice_ = build_slice(topology, chip=chip)  # bad topology/chip fails here, before the script runs
+        topology, chip = args.topology, chip_arg
+    try:
+        slice_ = build_slice(topology, chip=chip)  # bad topology/chip fails here, before the script runs
+    except TpusimError as error:
+        if chip_from != "device":
+            raise
+        raise TpusimError(f"{error} (chip {chip} is JAX's {device.device_kind}; --chip prices another)") from None
     out_dir = Path(args.out) if args.out else default_out_dir(script, slice_.spec)
     if out_dir.exists() and not out_dir.is_dir():
         raise TpusimError(f"--out {out_dir} exists and is not a folder")
-    progress = Progress(args.quiet)
 
+    if device is not None:                   # record on the simulator; JAX's device stays free for the real runs
+        os.environ["TPUSIM_TARGET"] = "sim"
     os.environ["TPUSIM_CHIP"] = slice_.chip.name
     os.environ["TPUSIM_NUMERICS"] = args.numerics
     if len(modes) == 1:                      # the script runs in the one mode priced (tpusim/eager.py)
@@ -161,9 +187,66 @@ def run(args: argparse.Namespace) -> int:
         print(outcome.error, file=sys.stderr, end="")
     progress.say(f"recorded {len(trace.records)} records in {time.perf_counter() - started:.1f} s; "
                  f"pricing {', '.join(modes)}")
-    report_path = _price_and_report(trace, slice_, modes, script, args, outcome, torch.__version__, out_dir,
-                                    progress)
-    return outcome.exit_code if outcome.exit_code else (0 if report_path else 1)
+    measure = None
+    if device is not None and outcome.exit_code != INTERRUPTED:
+        measure = _measurer(script, args, modes, slice_, device, chip_from, progress)
+    report = _price_and_report(trace, slice_, modes, script, args, outcome, torch.__version__, out_dir,
+                               progress, measure)
+    measured_codes = [m["exit_code"] for m in (report.get("measured") or {}).get("modes", {}).values()]
+    return outcome.exit_code or next((code for code in measured_codes if code), 0)
+
+
+def _jax_device(args: argparse.Namespace, progress: Progress) -> JaxDevice:
+    """--target pjrt: check it can work before anything slow runs, and ask JAX for its device."""
+    from tpusim.measure import probe_device, require_jax
+
+    require_jax()
+    if args.numerics == "off":
+        raise TpusimError("--numerics off computes no values, so nothing could run for real: "
+                          "--target pjrt needs --numerics on")
+    progress.say("asking JAX for its device")
+    device = probe_device(args.pjrt_timeout or None)
+    progress.say(f"JAX device: {device.device_kind} ({device.platform}), jax {device.jax_version}")
+    return device
+
+
+def _chip_choice(chip: str | None, device: JaxDevice | None) -> tuple[str | None, str]:
+    """The chip to price on and why: --chip, else the chip of JAX's TPU, else the default (None here)."""
+    from tpusim.measure import chip_for_device_kind
+
+    if chip:
+        return chip, "--chip"
+    found = chip_for_device_kind(device.device_kind) if device is not None and device.is_tpu else None
+    return (found, "device") if found else (None, "default")
+
+
+def _measurer(script: Path, args: argparse.Namespace, modes: list[str], slice_, device: JaxDevice, chip_from: str,
+              progress: Progress) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """What runs each mode for real once the prediction is priced: report -> its ``measured`` section."""
+    from tpusim.measure import measure_mode
+    from tpusim.report import measured_section
+    from tpusim.report.measured import step_stats
+    from tpusim.units import format_seconds
+
+    def measure(report: dict[str, Any]) -> dict[str, Any]:
+        runs = []
+        for mode in modes:
+            progress.say(f"measuring {mode}: {script.name} runs for real on JAX's {device.device_kind} "
+                         f"({device.platform}) in a fresh process")
+            run = measure_mode(script, list(args.script_args), mode, chip=slice_.chip.name,
+                               world=slice_.total_chips, chips_per_host=slice_.chip.chips_per_host,
+                               timeout_s=args.pjrt_timeout or None)
+            runs.append(run)
+            _, step = step_stats(run.steps_s, run.total_s)
+            progress.say(f"measured {mode}: {len(run.steps_s)} steps, median step "
+                         f"{format_seconds(step) if step is not None else '-'}"
+                         + (f"; it failed with {run.error_type}" if run.error_type else ""))
+            if run.exit_code == INTERRUPTED:
+                break
+        world = slice_.total_chips if report["program"]["collectives"] else 1
+        return measured_section(device, slice_.chip.name, chip_from, runs, report["modes"], world)
+
+    return measure
 
 
 def _import_backend():
@@ -176,7 +259,9 @@ def _import_backend():
     return backend
 
 
-def _price_and_report(trace, slice_, modes, script, args, outcome, torch_version, out_dir, progress) -> Path:
+def _price_and_report(trace, slice_, modes, script, args, outcome, torch_version, out_dir, progress,
+                      measure: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Price every mode, build the report (plus what ``measure`` finds for real), write it, print the summary."""
     from tpusim.lint import lint
     from tpusim.pricing import price
     from tpusim.report import RunInfo, build_report, summary_table, write_report
@@ -189,17 +274,19 @@ def _price_and_report(trace, slice_, modes, script, args, outcome, torch_version
         progress.say(f"priced {mode}: {timelines[mode].total_s:.6g} s simulated in "
                      f"{time.perf_counter() - began:.1f} s")
     info = RunInfo(script=str(args.script), argv=tuple(args.script_args), topology=slice_.spec,
-                   numerics=args.numerics, torch_version=torch_version, error_type=outcome.error_type,
-                   error_traceback=outcome.error)
+                   numerics=args.numerics, target=args.target, torch_version=torch_version,
+                   error_type=outcome.error_type, error_traceback=outcome.error)
     fastest = min(timelines.values(), key=lambda t: t.total_s)
     report = build_report(info, trace, slice_, timelines, lint(trace, slice_.chip, fastest))
     from tpusim.placement import format_placements, report_sections
     fastest_mode = next(m for m, t in timelines.items() if t is fastest)
     report.update(report_sections(trace, slice_, args.compare_placements,
                                   lambda t, s: price(t, topology=s, mode=fastest_mode)))
+    if measure is not None:
+        report["measured"] = measure(report)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_trace(trace, out_dir / "program.jsonl")
     write_report(out_dir, report, timelines)
     print(summary_table(report, str(out_dir)))
     print(format_placements(report), end="")
-    return out_dir
+    return report

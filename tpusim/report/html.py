@@ -57,6 +57,8 @@ def render_html(report: dict[str, Any], figures: dict[str, Path]) -> str:
         [[m, format_seconds(r["step_time_median_s"]), format_seconds(r["first_step_s"] or 0),
           format_seconds(r["total_s"]), r["kernels"], format_seconds(r["host_s"]["stall"]),
           f"{r['mxu_utilisation']:.1%}", f"{r['mfu']:.1%}"] for m, r in modes.items()]))
+    if report.get("measured"):
+        parts.append(measured_html(report["measured"]))
     for name, title in (("modes", "Step time per mode"), ("breakdown", "Time breakdown"),
                         ("roofline", "Roofline"), ("links", "ICI link utilisation"),
                         ("placements", "Placements")):
@@ -85,3 +87,32 @@ def render_html(report: dict[str, Any], figures: dict[str, Path]) -> str:
             [[s["reason"], s["source"], format_seconds(s["seconds"])] for s in summary["host_stalls"]]))
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else format_seconds(value)
+
+
+def measured_html(measured: dict[str, Any]) -> str:
+    """--target pjrt: real wall time per mode beside the prediction, and the two curves' ratios."""
+    base = measured["baseline"]
+    why = {"device": "JAX's chip", "--chip": "--chip", "default": "the default chip"}.get(measured["chip_from"], "")
+    intro = (f"<p>Each mode run for real through JAX on its {html.escape(measured['platform'])} device "
+             f"({html.escape(measured['device_kind'])}, jax {html.escape(measured['jax_version'])}), one fresh "
+             f"process per mode, nothing recorded; the prediction is for {html.escape(measured['chip'])} "
+             f"({html.escape(why)}). Ratios divide each mode's median step by {html.escape(str(base))}'s.</p>")
+    notes = "".join(f"<div class='warn'>{html.escape(note)}</div>" for note in measured["notes"])
+    rows = [[m, r["steps"], _seconds(r["first_step_s"]), _seconds(r["step_time_median_s"]),
+             _seconds(r["simulated_step_time_median_s"]), _ratio(r["ratio"]["measured"]),
+             _ratio(r["ratio"]["simulated"]), _seconds(r["total_s"]),
+             f"{r['error']['type']} (exit {r['exit_code']})" if r["error"] else ""]
+            for m, r in measured["modes"].items()]
+    table = _table(["mode", "steps", "first step", "step (median)", "simulated step", f"vs {base}, measured",
+                    f"vs {base}, simulated", "total", "error"], rows)
+    errors = "".join(f"<p class='bad'>{html.escape(m)}:</p><pre>{html.escape(r['error']['traceback'] or '')}</pre>"
+                     for m, r in measured["modes"].items() if r["error"])
+    return "<h2>Measured on the PJRT target</h2>" + intro + notes + table + errors

@@ -1,7 +1,8 @@
 """report.json: the versioned contract of a tpusim run (schema below), built from Timelines.
 
-The same inputs give a byte-identical file: no wall-clock times, sorted keys, floats
-rounded to 9 significant digits, lists in a defined order.
+The same inputs give a byte-identical file: no wall-clock times (except in ``measured``, which
+only --target pjrt writes), sorted keys, floats rounded to 9 significant digits, lists in a
+defined order.
 
 Schema ``tpusim-report`` version 1::
 
@@ -52,6 +53,19 @@ Schema ``tpusim-report`` version 1::
     placements                 (--compare-placements) mesh {dim_names, shape}, default, reason (why the
                                best wins), ranked [{placement, step_s, total_s, collective_s, by_dim,
                                axes, algorithms}] by step time (tpusim/placement.py)
+    measured                   (--target pjrt only; wall-clock times, so they differ run to run) the script run
+                               for real through JAX, one fresh process per mode (tpusim/report/measured.py):
+      platform, device_kind    JAX's default device ("tpu", "TPU v5 lite"; "cpu", "cpu"); is_tpu, jax_version
+      chip, chip_from          the chip every other section was priced on, and why: "device" (JAX's TPU),
+                               "--chip", or "default" (JAX's device is no TPU, or one without a chip file)
+      baseline                 the mode the ratios divide by: strict when it was run, else the first mode
+      notes                    [str] what to know before comparing, e.g. "JAX device is cpu: absolute times
+                               are not comparable with the TPU prediction; compare the ratios between modes"
+      modes.<mode>             steps (steps measured: optimizer.step() / tpusim.backend.step() calls),
+                               steps_s, first_step_s, step_time_median_s (after the first step), total_s;
+                               simulated_step_time_median_s (modes.<mode>.step_time_median_s);
+                               ratio {measured, simulated}: this mode's median step / the baseline's;
+                               target_mode (the PJRT target's own mode), exit_code, error {type, traceback}
 """
 
 from __future__ import annotations

@@ -1,0 +1,77 @@
+"""The ``measured`` section of report.json (``tpusim run --target pjrt`` only): real wall time per mode
+beside the simulator's prediction for it.
+
+Absolute times compare only when JAX runs on the chip that was priced. Elsewhere (JAX on a CPU or
+GPU) what compares is the shape of the curve: each mode's median step over the baseline mode's
+(strict when it was run), measured and simulated side by side. Wall-clock numbers differ from run to
+run, so this section, unlike the rest of report.json, is not byte-identical across runs.
+"""
+
+from __future__ import annotations
+
+from statistics import median
+from typing import Any
+
+from tpusim.measure import JaxDevice, ModeRun
+from tpusim.report.model import rounded
+
+BASELINE = "strict"
+
+
+def not_tpu_note(platform: str) -> str:
+    return (f"JAX device is {platform}: absolute times are not comparable with the TPU prediction; "
+            f"compare the ratios between modes")
+
+
+def step_stats(steps_s: tuple[float, ...] | list[float], total_s: float | None) -> tuple[float | None, float | None]:
+    """(first step, median step) by the simulator's rule: the median leaves the first step (compile,
+    warm-up) out; one step is its own median; a script without steps has its whole run as median."""
+    steps = list(steps_s)
+    if not steps:
+        return None, total_s
+    return steps[0], median(steps[1:]) if len(steps) > 1 else steps[0]
+
+
+def notes(device: JaxDevice, chip: str, chip_from: str, world: int = 1) -> list[str]:
+    """What a reader must know before comparing the measured times with the prediction."""
+    found: list[str] = []
+    if not device.is_tpu:
+        found.append(not_tpu_note(device.platform))
+    elif chip_from == "default":
+        found.append(f"JAX device {device.device_kind!r} has no tpusim chip file; priced on {chip} "
+                     f"(--chip picks another): compare the ratios between modes")
+    elif chip_from == "--chip":
+        found.append(f"priced on {chip} (--chip) while JAX runs on {device.device_kind!r}: absolute times "
+                     f"compare only if that is the same chip")
+    if world > 1:
+        found.append(f"the measured run is one process, rank 0 of {world}: its collectives follow the "
+                     f"--ranks one rule and move no data between devices")
+    return found
+
+
+def measured_section(device: JaxDevice, chip: str, chip_from: str, runs: list[ModeRun],
+                     simulated: dict[str, dict[str, Any]], world: int = 1) -> dict[str, Any]:
+    """The section for report["measured"]; ``simulated`` is report["modes"] (the priced modes)."""
+    medians = {run.mode: step_stats(run.steps_s, run.total_s)[1] for run in runs}
+    baseline = BASELINE if BASELINE in medians else (runs[0].mode if runs else None)
+
+    def ratio(value: float | None, base: float | None) -> float | None:
+        return value / base if value is not None and base else None
+
+    modes = {}
+    for run in runs:
+        first, step_median = step_stats(run.steps_s, run.total_s)
+        predicted = simulated.get(run.mode, {}).get("step_time_median_s")
+        predicted_base = simulated.get(baseline, {}).get("step_time_median_s") if baseline else None
+        modes[run.mode] = {
+            "steps": len(run.steps_s), "steps_s": list(run.steps_s), "first_step_s": first,
+            "step_time_median_s": step_median, "total_s": run.total_s,
+            "simulated_step_time_median_s": predicted,
+            "ratio": {"measured": ratio(step_median, medians.get(baseline) if baseline else None),
+                      "simulated": ratio(predicted, predicted_base)},
+            "target_mode": run.target_mode, "exit_code": run.exit_code,
+            "error": None if run.error_type is None else {"type": run.error_type, "traceback": run.error},
+        }
+    return rounded({"platform": device.platform, "device_kind": device.device_kind, "is_tpu": device.is_tpu,
+                    "jax_version": device.jax_version, "chip": chip, "chip_from": chip_from,
+                    "baseline": baseline, "notes": notes(device, chip, chip_from, world), "modes": modes})

@@ -35,9 +35,11 @@ Schema ``tpusim-report`` version 1::
                                chip compile_s), recompile_count, recompiles: [{seq, source, op,
                                old_shapes, new_shapes}] (first RECOMPILES_LISTED; a recompile is a
                                miss at a known source position with new shapes)
-      fusion                   fused only, else null: ops (in windows), kernels, windows, cuts
-                               {reason: count}, onchip_bytes (intermediate writes + reads kept on
-                               chip), reused_bytes, spilled_bytes (over VMEM, counted as HBM)
+      fusion                   fused, or any mode of a program with torch.compile'd graphs, else null:
+                               ops (in eager windows), kernels, windows, cuts {reason: count},
+                               onchip_bytes (intermediate writes + reads kept on chip), reused_bytes,
+                               spilled_bytes (over VMEM, counted as HBM); programs (compiled-graph
+                               executions, each fused whole), program_ops, program_kernels
       hbm                      peak_bytes, capacity_bytes, peak_fraction
       top_ops                  [{op, source, count, seconds, flops, bytes, bound}] by seconds
       collectives              [{seq, kind, bytes, group_size, axes, algorithm, reason,

@@ -82,7 +82,6 @@ _REG = _Registry()
 def compile_stats() -> CompileStats:
     """Graphs compiled by the tpu backend, and Dynamo's graph breaks and recompilations, since reset_stats()."""
     from torch._dynamo.utils import get_compilation_metrics, graph_break_reasons
-
     from tpusim.backend.source import is_internal_file
 
     breaks, seen = [], set()
@@ -201,7 +200,9 @@ class JaxGraph:
         from tpusim.backend.lowering import tensor_to_jax
         from tpusim.backend.lowering.dtypes import torch_dtype
         from tpusim.backend.state import STATE
+        from tpusim.backend.targets import flush_pending
 
+        flush_pending("program")                         # the PJRT target's pending ops write our inputs
         shapes_only = STATE.numerics is False           # tensors have no memory: shapes and dtypes only
         convert = _spec if shapes_only else (lambda t: tensor_to_jax(_host(t)))
         inputs = [convert(a) if isinstance(a, torch.Tensor) else a for a in args]

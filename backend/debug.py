@@ -70,7 +70,9 @@ def on_change(old: str, new: str) -> None:
     if STATE.recording:
         from tpusim.backend import recorder
 
-        recorder.record_host("dispatch", f"eager_mode:{new}")
+        from tpusim import eager
+
+        recorder.record_host("dispatch", f"{eager.CHANGE_REASON}{new}")
 
 
 def _floating(t: object) -> bool:

@@ -307,3 +307,9 @@ def test_each_mode_prices_a_program_as_one_launch_and_one_compile():
         if mode != "fused":     # the same ops run eagerly: six launches, three compiles
             run = price(eager, topology=slice_, mode=mode)
             assert run.kernels == 6 and run.meta["compile_cache"].misses == 3
+
+
+def test_a_change_of_eager_mode_cuts_the_window():
+    change = HostRecord(0, "dispatch", reason="eager_mode:strict")
+    fused = fuse(renumber([ew("mul", [1], 2), change, ew("add", [2], 3)]), toy_chip())
+    assert fused.stats.cuts == {"mode": 1, "end": 1} and len(kernels(fused.records)) == 2

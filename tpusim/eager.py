@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from tpusim.errors import TpusimError
 
 MODES = ("debug", "strict", "fused")
+CHANGE_REASON = "eager_mode:"                          # + the new mode: reason of the trace's change record
 DEFAULT_MODE = "strict"
 ENV = "TPUSIM_EAGER_MODE"
 

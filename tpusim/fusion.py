@@ -15,6 +15,7 @@ turns it into the Fused eager policy.
   rule for (no FLOPs, no transcendentals: we do not know what they do), and the names
   listed as opaque in ``ROLE_BY_OP`` (sorts, data-dependent shapes);
 - step markers (a step's end is a natural flush point and keeps steps comparable);
+- a change of eager mode (``mode``): what was recorded in the old mode runs as it was;
 - ``WINDOW_OPS`` ops.
 
 **Grouping.** Within a window, ops are taken in program order and grouped by data
@@ -77,6 +78,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tpusim.eager import CHANGE_REASON
 from tpusim.spec import ChipSpec
 from tpusim.trace import CollectiveRecord, HostRecord, MemoryRecord, OpRecord, Record, StepMarker, TensorMeta
 
@@ -415,7 +417,7 @@ def _kernel_name(parts: Sequence[OpRecord]) -> str:
 # ---- windows ------------------------------------------------------------------------------------
 def _cut_reason(rec: Record) -> str:
     if isinstance(rec, HostRecord):
-        return rec.event
+        return "mode" if rec.reason.startswith(CHANGE_REASON) else rec.event
     if isinstance(rec, CollectiveRecord):
         return "collective"
     if isinstance(rec, StepMarker):
@@ -487,7 +489,7 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
             if len(window) == WINDOW_OPS:
                 flush(pos, "size")
             window.append(pos)
-        elif isinstance(rec, HostRecord) and rec.event == "dispatch":
+        elif isinstance(rec, HostRecord) and rec.event == "dispatch" and not rec.reason.startswith(CHANGE_REASON):
             out.append(rec)
         else:
             flush(pos, _cut_reason(rec))

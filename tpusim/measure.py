@@ -110,7 +110,6 @@ def worker_env(mode: str, chip: str, base: dict[str, str] | None = None) -> dict
     """The environment of a measured run: the PJRT target in ``mode``, the device named as ``chip``."""
     env = dict(os.environ if base is None else base)
     env.update({"TPUSIM_TARGET": "pjrt", "TPUSIM_EAGER_MODE": mode, "TPUSIM_CHIP": chip, "TPUSIM_NUMERICS": "on"})
-    env.pop("TPUSIM_PJRT_MODE", None)       # gone: the target follows TPUSIM_EAGER_MODE
     return env
 
 

@@ -29,6 +29,7 @@ from tpusim.backend.distributed.hang import Call, Control
 from tpusim.backend.distributed.transport import Gloo
 from tpusim.backend.source import user_source
 from tpusim.backend.state import STATE
+from tpusim.backend.targets import flush_pending
 
 _OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum")
 CONTROL: Control | None = None      # set by the world group in --ranks all
@@ -133,6 +134,7 @@ class TpusimProcessGroup(dist.ProcessGroup):
               op: str = "", root: int = -1, async_op: bool = False, nbytes: int | None = None,
               record_kind: str | None = None, record: bool = True, group: tuple[int, ...] | None = None,
               check: bool = True) -> dist.Work:
+        flush_pending("collective")             # the PJRT target's pending ops write our inputs
         source = user_source()
         members = self.global_ranks if group is None else group
         if self.mode == "all" and check and self._size > 1 and CONTROL is not None:

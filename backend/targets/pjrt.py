@@ -1,29 +1,32 @@
 """The PJRT target (TPUSIM_TARGET=pjrt): tpu ops compute through JAX on JAX's default device.
 
-``enable(mode)`` swaps the fallback's executor (``backend.fallback.executor``) for this one:
-each op the fallback sees runs as a cached ``jax.jit`` computation of its lowering (or of its
-Core ATen decomposition), on jax arrays made from the CPU views of the tpu storage.
+``enable()`` (called at import when TPUSIM_TARGET=pjrt) swaps the fallback's executor
+(``backend.fallback.executor``) for this one: each op the fallback sees runs as a cached
+``jax.jit`` computation of its lowering (or of its Core ATen decomposition), on jax arrays made
+from the CPU views of the tpu storage.
 
-Modes:
+**Modes follow the eager mode** (tpusim/eager.py: ``tpusim.set_eager_mode``, ``eager_mode``,
+``TPUSIM_EAGER_MODE``; there is no mode of the target's own). ``enable(name)`` sets the eager
+mode; a change at run time switches the execution here, running pending work first (cut ``mode``):
 
 - **strict**: one jitted computation per op signature (op, input shapes/dtypes, non-tensor
   arguments), executed at once; the result is written back to the tensor's host memory.
-- **fused**: ops are recorded into a window instead of run; the window is traced as one JAX
-  function (one XLA program, fused by XLA) and executed when something needs a value: an op
-  the table lacks, a random or hand-written op, a host read (``.cpu()``, ``.item()``, print:
-  the shim's native copy hook), a read or write of a storage whose pending value is a different
-  view, ``WINDOW_OPS`` ops, or ``flush()``. Windows compile once per signature (op sequence,
-  shapes, wiring) like the fused kernels of tpusim.fusion.
+- **debug**: as strict, so every result is in memory when the device's debug check
+  (backend/debug.py: NaN/Inf at the op) reads it after the executor.
+- **fused**: the windows of tpusim.fusion's Fused model, each traced into one jitted program
+  (one XLA program, fused by XLA) and run at a cut: pjrt_fused.py, which also lists the cuts.
+  Windows compile once per signature (op sequence, shapes, wiring), like the simulator's.
 
 **Synchronisation model** (honest version): host memory stays the source of truth. Every
 executed computation copies its inputs from host memory into jax arrays and its outputs back
 into host memory (on jax-CPU these are memcpys; on a TPU they are PCIe transfers, so this first
-version measures dispatch and compile behaviour, not a TPU's steady-state speed). Views,
-``.cpu()``, the native copy kernel and the sim-target fallback read host memory directly, so
-in fused mode the window is flushed before them (the native hook, the executor) — collectives
-and code reading storage through other routes should call ``flush()`` first. Random ops run on
-the host generator so a seeded program draws exactly what CPU PyTorch draws. Ops returning
-views, or mutating arguments other than ``self``/``out``, run on the host too.
+version measures dispatch and compile behaviour, not a TPU's steady-state speed). Everything
+else that reads device memory through host aliases runs after a cut: the shim's native
+item/copy, collectives of the tpusim c10d backend and torch.compile'd graphs (both call
+``tpusim.backend.targets.flush_pending`` first). Other code reading storage directly should
+call ``flush()`` first. Random ops run on the host generator so a seeded program draws exactly
+what CPU PyTorch draws. Ops returning views, or mutating arguments other
+than ``self``/``out``, run on the host too.
 
 Ops that cannot run through the table fall back to the host with one warning per op;
 ``host_ops()`` lists them.
@@ -33,14 +36,15 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
+from tpusim import eager
+
 aten = torch.ops.aten
-MODES = ("strict", "fused")
-WINDOW_OPS = 256
+MODES = eager.MODES          # "debug", "strict", "fused"
 
 
 @dataclass
@@ -58,7 +62,8 @@ class Stats:
     host_ops: int = 0             # ops run on the host (CPU kernel)
     compiles: int = 0             # jitted computations built (per op signature, or per window)
     executions: int = 0           # jitted computations run
-    flushes: dict[str, int] = field(default_factory=dict)
+    windows: int = 0              # fused windows ended (as tpusim.fusion's FusionStats.windows)
+    cuts: dict[str, int] = field(default_factory=dict)   # why they ended (FusionStats.cuts keys, pjrt_fused.py)
 
 
 class _State:
@@ -66,8 +71,10 @@ class _State:
     infos: dict[torch._ops.OpOverload, _OpInfo] = {}
     cache: dict[tuple, Callable | None] = {}      # signature -> jitted fn (None: run on host)
     host: dict[str, str] = {}                     # op name -> why it ran on the host
+    arg_names: dict[torch._ops.OpOverload, set[str]] = {}
     stats = Stats()
-    window: object = None
+    window: object = None                         # pjrt_fused.Window while in fused mode
+    fused: object = None                          # the same Window kept across modes (its compile caches)
 
 
 _S = _State()
@@ -116,21 +123,56 @@ def _sig(v: object) -> object:
     return v if isinstance(v, (int, float, bool, str, type(None), torch.dtype, complex)) else repr(v)
 
 
+def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors of (args, kwargs) in pytree order (hand-written: it runs for every op, and aten
+    arguments nest only lists and tuples)."""
+    tensors: list[torch.Tensor] = []
+    _collect(args, tensors)
+    _collect(tuple(kwargs.values()), tensors)
+    return tensors
+
+
 def _split(args: tuple, kwargs: dict) -> tuple[list[torch.Tensor], Callable]:
-    """Tensors of (args, kwargs), and a function putting replacements back."""
-    import torch.utils._pytree as pytree
+    """The tensors of (args, kwargs), and a function putting replacements back. The function keeps the
+    arguments' structure without their tensors: a cached computation must not keep memory alive."""
+    tensors: list[torch.Tensor] = []
+    hollow_args = _hollow(args, tensors)
+    hollow_kwargs = {k: _hollow(v, tensors) for k, v in kwargs.items()}
 
-    leaves, spec = pytree.tree_flatten((args, kwargs))
-    idx = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+    def rebuild(new: list) -> tuple[tuple, dict]:
+        it = iter(new)
+        return _fill(hollow_args, it), {k: _fill(v, it) for k, v in hollow_kwargs.items()}
 
-    def rebuild(tensors: list) -> tuple[tuple, dict]:
-        vals = list(leaves)
-        for i, t in zip(idx, tensors):
-            vals[i] = t
-        a, k = pytree.tree_unflatten(vals, spec)
-        return a, k
+    return tensors, rebuild
 
-    return [leaves[i] for i in idx], rebuild
+
+class _Hole:
+    """Where a tensor was, in ``_split``'s skeleton."""
+
+
+def _collect(v: object, acc: list[torch.Tensor]) -> None:
+    if isinstance(v, torch.Tensor):
+        acc.append(v)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _collect(x, acc)
+
+
+def _hollow(v: object, acc: list[torch.Tensor]) -> object:
+    if isinstance(v, torch.Tensor):
+        acc.append(v)
+        return _Hole
+    if isinstance(v, (list, tuple)) and not isinstance(v, torch.Size):
+        return type(v)(_hollow(x, acc) for x in v)
+    return v
+
+
+def _fill(v: object, it: Iterator) -> object:
+    if v is _Hole:
+        return next(it)
+    if isinstance(v, (list, tuple)) and not isinstance(v, torch.Size):
+        return type(v)(_fill(x, it) for x in v)
+    return v
 
 
 def _lowered(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Callable | None:
@@ -214,7 +256,7 @@ def _compiled(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Callable 
     fn = None
     try:
         lowered = _lowered(op, args, kwargs)
-        if lowered is not None and _agrees(lowered, op, args, kwargs, _split(args, kwargs)[0]):
+        if lowered is not None and _agrees(lowered, op, args, kwargs, _tensors(args, kwargs)):
             fn = jax.jit(lowered)
             _S.stats.compiles += 1
     except Exception as err:  # noqa: BLE001  (any failure to lower: run this signature on the host)
@@ -227,9 +269,15 @@ def _compiled(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Callable 
 
 
 def _to_jax(t: torch.Tensor) -> object:
-    from tpusim.backend.lowering import tensor_to_jax
+    """A host tensor as an argument of a jitted call: a numpy view of its memory. JAX moves numpy
+    arguments itself, in one C++ call, several times faster than building jax arrays first; callers
+    read the results (or block on them) before host memory changes again."""
+    t = t.detach().resolve_conj().resolve_neg().contiguous()
+    if t.dtype == torch.bfloat16:                 # numpy has no bfloat16: move the bits
+        from tpusim.backend.lowering.dtypes import jax_dtype
 
-    return tensor_to_jax(t)
+        return t.view(torch.int16).numpy().view(jax_dtype(torch.bfloat16))
+    return t.numpy()
 
 
 def _to_torch(a: object) -> torch.Tensor:
@@ -268,7 +316,7 @@ def execute(op: torch._ops.OpOverload, plan: object, hargs: list, hkwargs: dict)
         info = _OpInfo("host", why="updates running statistics in place (an unannotated mutation)")
     if info.kind == "host":
         _note_host(op, info.why)
-        return _host(op, plan, hargs, hkwargs)
+        return _host(op, plan, hargs, hkwargs, view=info.why == "returns a view")
     if info.kind == "out":
         outs = {k: v for k, v in hkwargs.items() if k not in _functional_kwargs(info.functional)}
         fkwargs = {k: v for k, v in hkwargs.items() if k not in outs}
@@ -281,8 +329,8 @@ def execute(op: torch._ops.OpOverload, plan: object, hargs: list, hkwargs: dict)
         return _host(op, plan, hargs, hkwargs)
     window = _S.window
     if window is not None:
-        return window.add(op, info, fn, args, fkwargs, outs)
-    tensors, _ = _split(args, fkwargs)
+        return window.add(plan.name, info, fn, args, fkwargs, outs)
+    tensors = _tensors(args, fkwargs)
     result = fn(*[_to_jax(t) for t in tensors])
     _S.stats.ops += 1
     _S.stats.executions += 1
@@ -290,7 +338,10 @@ def execute(op: torch._ops.OpOverload, plan: object, hargs: list, hkwargs: dict)
 
 
 def _functional_kwargs(op: torch._ops.OpOverload) -> set[str]:
-    return {a.name for a in op._schema.arguments}
+    names = _S.arg_names.get(op)
+    if names is None:
+        names = _S.arg_names[op] = {a.name for a in op._schema.arguments}
+    return names
 
 
 def _finish(info: _OpInfo, hargs: list, outs: dict, result: object) -> object:
@@ -311,55 +362,104 @@ def _finish(info: _OpInfo, hargs: list, outs: dict, result: object) -> object:
     return tuple(values) if isinstance(values, list) else values
 
 
-def _host(op: torch._ops.OpOverload, plan: object, hargs: list, hkwargs: dict) -> object:
+def _host(op: torch._ops.OpOverload, plan: object, hargs: list, hkwargs: dict, view: bool = False) -> object:
+    """The CPU kernel on the host aliases. In fused mode it runs outside the window: after a cut where
+    fusion cuts (an opaque op), or where it touches pending values (``host``); a view op reads none."""
     from tpusim.backend.fallback import _cpu
+    from tpusim.backend.state import STATE
 
-    if _S.window is not None:
-        _S.window.flush("host op")
-    _S.stats.host_ops += 1
-    return _cpu(op, plan, hargs, hkwargs)
+    def run() -> object:
+        _S.stats.host_ops += 1
+        return _cpu(op, plan, hargs, hkwargs)
+
+    window = _S.window
+    if window is None or not STATE.numerics:
+        return run()
+    out_kw = {k: v for k, v in hkwargs.items() if k in plan.mutable_kw}
+    writes = _tensors(tuple(hargs[i] for i in plan.mutable_pos if i < len(hargs)), out_kw)
+    inputs = _tensors(tuple(hargs), {k: v for k, v in hkwargs.items() if k not in out_kw})
+    cut = window.host_cut((op, _sig(hargs), _sig(hkwargs)), plan.name, inputs,
+                          lambda: writes or _meta_outputs(op, hargs, hkwargs), tuple(hargs))
+    if cut is not None:
+        window.cut(cut)
+        return run()
+    return window.outside("host", [] if view else inputs, [] if view else writes, run)
+
+
+def _meta_outputs(op: torch._ops.OpOverload, hargs: list, hkwargs: dict) -> list[torch.Tensor]:
+    """The tensors an op would return, as meta tensors (none when it has no meta kernel)."""
+    import torch.utils._pytree as pytree
+
+    try:
+        result = _meta_result(op, tuple(hargs), hkwargs)
+    except Exception:  # noqa: BLE001  (no meta kernel: cost from the inputs alone)
+        return []
+    return [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
 
 
 # ---------------------------------------------------------------- switching
 
 
-def enable(mode: str = "strict") -> None:
-    """Run tpu ops through JAX from now on (``mode``: "strict" or "fused")."""
+def enable(mode: str | None = None) -> None:
+    """Run tpu ops through JAX from now on, in the eager mode; ``mode`` ("debug", "strict" or "fused")
+    sets the eager mode first (``tpusim.set_eager_mode``), so the target and the device agree."""
+    import tpusim.backend.lowering  # noqa: F401  (fills the table, turns on jax x64)
     from tpusim.backend import fallback
 
-    if mode not in MODES:
-        raise ValueError(f"tpusim pjrt: mode {mode!r}; accepted: {', '.join(MODES)} (TPUSIM_PJRT_MODE)")
-    import tpusim.backend.lowering  # noqa: F401  (fills the table, turns on jax x64)
-
+    if mode is not None:
+        eager.set_eager_mode(mode)
     disable()
-    _S.mode = mode
-    if mode == "fused":
-        from tpusim.backend.targets.pjrt_fused import Window
-
-        _S.window = Window(_S.stats, WINDOW_OPS)
-        _S.window.install()
+    eager.on_change(_follow)
     fallback.executor = execute
+    _apply(eager.get_eager_mode())
+
+
+def _follow(old: str, new: str) -> None:
+    """tpusim.eager listener: a change of eager mode switches the execution (while enabled)."""
+    if _S.mode is not None:
+        _apply(new)
+
+
+def _apply(mode: str) -> None:
+    """Execute in ``mode``: a fused window only in fused; pending work runs before a switch (``mode``)."""
+    from tpusim.backend.targets.pjrt_fused import Window
+
+    if mode == "fused" and _S.window is None:
+        _S.fused = _S.fused or Window(_S.stats)
+        _S.fused.stats = _S.stats
+        _S.window = _S.fused
+        _S.window.install()
+    elif mode != "fused" and _S.window is not None:
+        _end_window("mode")
+    _S.mode = mode
+
+
+def _end_window(reason: str) -> None:
+    window, _S.window = _S.window, None
+    try:
+        window.cut(reason)
+    finally:
+        window.uninstall()
 
 
 def disable() -> None:
-    """Back to the sim target (CPU kernels), flushing pending work first."""
+    """Back to the sim target (CPU kernels), running pending work first (cut ``end``)."""
     from tpusim.backend import fallback
 
     if _S.window is not None:
-        _S.window.flush("disable")
-        _S.window.uninstall()
-        _S.window = None
+        _end_window("end")
     _S.mode = None
     fallback.executor = fallback._cpu
 
 
-def flush() -> None:
-    """Execute pending fused work (no-op in strict mode)."""
+def flush(reason: str = "end") -> None:
+    """Run pending fused work now (no-op in strict and debug); ``reason`` names the cut in ``stats()``."""
     if _S.window is not None:
-        _S.window.flush("flush")
+        _S.window.cut(reason)
 
 
 def mode() -> str | None:
+    """The mode the target executes in ("debug", "strict", "fused"), None when it is off."""
     return _S.mode
 
 
@@ -379,6 +479,10 @@ def reset_stats() -> None:
 
 
 def from_env() -> None:
-    """Enable the target when TPUSIM_TARGET=pjrt (mode from TPUSIM_PJRT_MODE, default strict)."""
-    if os.environ.get("TPUSIM_TARGET", "sim").strip().lower() == "pjrt":
-        enable(os.environ.get("TPUSIM_PJRT_MODE", "strict").strip().lower() or "strict")
+    """Enable the target when TPUSIM_TARGET=pjrt, in the eager mode (TPUSIM_EAGER_MODE, default strict)."""
+    if os.environ.get("TPUSIM_TARGET", "sim").strip().lower() != "pjrt":
+        return
+    if os.environ.get("TPUSIM_PJRT_MODE") and not os.environ.get(eager.ENV):
+        warnings.warn("tpusim pjrt: TPUSIM_PJRT_MODE is gone and ignored; the target follows the eager mode "
+                      "(TPUSIM_EAGER_MODE=debug|strict|fused)", RuntimeWarning, stacklevel=2)
+    enable()

@@ -1,25 +1,105 @@
-"""Fused mode of the PJRT target: a window of pending ops, executed as one jitted XLA program.
+"""Fused eager on the PJRT target: the windows of tpusim.fusion, each run as one jitted XLA program.
 
-Ops arrive from the executor already lowered (one jax function per op signature). Instead of
-running, each is appended to the window: its inputs are wired to values the window produced or
-to host memory read at flush time, and its outputs get host memory now (fresh tensors the
-fallback adopts as device tensors) and bytes at flush. ``flush`` traces the window into one JAX
-function, cached by the window's signature (functions, wiring, input shapes), runs it, and
-writes every produced value to its host memory. See pjrt.py for when windows are flushed.
+Why the same windows: the simulator prices Fused eager by cutting the op stream into windows
+(tpusim/fusion.py); on the PJRT target those windows really compile and run. The cut rules are
+fusion's own, imported (``WINDOW_OPS``, ``RULES``, ``role_of``), so a program recorded while it
+runs here is priced with the windows that ran: ``pjrt.stats().windows``/``.cuts`` equal
+``fuse(trace.records, chip).stats.windows``/``.cuts`` (tests/pjrt/test_pjrt_windows.py).
 
-Values are keyed by their host view: (storage address, offset, shape, strides, dtype). A read or
-write of a storage that has a pending value under a *different* view flushes first, so aliasing
-never reorders. The window holds references to every tensor it reads or writes, so no storage
-is freed and reused (which would collide keys) while ops are pending.
+**Cuts** (``Stats.cuts`` keys). Fusion's names, for the same events:
+
+- ``sync``: the host reads a value (``.item()``, ``.cpu()``, print: the shim's native hook);
+- ``h2d``: a host->device copy;
+- ``opaque``: an op whose fusion role is opaque (``role_of`` of its cost from backend/costs.py:
+  SparseCore and DMA work such as gathers, fills, clones and device->device copies, sorts and the
+  other names ``ROLE_BY_OP`` marks opaque, ops without FLOPs). It runs alone, at once;
+- ``collective``: a collective of the tpusim c10d backend;
+- ``program``: a torch.compile'd graph (backend/compile.py) runs;
+- ``step``: ``optimizer.step()`` returned;
+- ``size``: an op arrives while the window holds ``WINDOW_OPS`` ops;
+- ``mode``: the eager mode changed (pending work runs as it was recorded);
+- ``end``: ``pjrt.flush()`` or ``pjrt.disable()`` (for fusion: the end of the trace).
+
+And the few only this target needs (``EXTRA_CUTS``, fusion prices an ideal device that needs
+none of them): ``alias``, ``host``, ``resize``. Two of fusion's cuts have no
+counterpart here: ``tpusim.backend.step()`` (a ``step``) and ``torch.tpu.synchronize()`` (a
+``sync``) only add a record while recording, with no hook this target can use; neither needs a
+flush (every host read cuts anyway), so a program calling them ends fewer windows here. The
+shim's one native-hook slot is shared with the recorder (``_NativeHooks``), so recording while
+fused sees every event too.
+
+**Members.** A window counts the ops fusion would put in it. Ops that cannot be traced into the
+program (random draws on the host generator, hand-written kernels, ops without lowering, views;
+an out= or self that must change shape or dtype, except an empty out=: ``grow``) run at once outside it,
+out of order, which is safe because they touch no pending value (else they cut: ``host``,
+``resize``); they still count as members, so the window's size and the windows counted are
+fusion's.
+
+**Values** are keyed by their host view: (storage address, offset, shape, strides, dtype). A
+storage holds at most one pending value: a write under another view replaces it when it covers
+the same bytes (a reshape or permutation of them), else cuts (``alias``). A read of another view
+of it is derived inside the program (its bytes in memory order, sliced, transposed, broadcast,
+else gathered) when the pending value is dense (no gaps), of the same dtype and covers the view.
+Inputs are read from host memory when the window runs, before any output lands; then the last
+value of each view lands, unless nothing outside the window holds its memory any more (a
+temporary that died inside the window: ``_live``), and XLA drops its computation. The window holds
+every tensor it reads or writes, so no storage is freed and reused (colliding keys) while ops pend.
 """
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Callable
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from tpusim.fusion import RULES, WINDOW_OPS, role_of
+from tpusim.trace import OpRecord
 
 Key = tuple
+EXTRA_CUTS: dict[str, str] = {
+    "alias": "an op writes a storage holding a pending value under another view, or reads a view of it "
+             "the program cannot derive (another dtype, bytes outside the pending value)",
+    "host": "an op that runs outside the window (host generator, hand-written kernel, no lowering, "
+            "a non-tensor result) reads or writes a pending value",
+    "resize": "an op whose out= or self must change shape (other than an empty out=, which ``grow`` "
+              "resizes in device memory) reads or writes a pending value: it runs at once",
+}
+
+
+# ---------------------------------------------------------------- which events cut (fusion's rules)
+
+
+def op_cut(name: str, unit: str, flops: float, transcendentals: float) -> str | None:
+    """The cut tpusim.fusion makes at an op: "opaque" when its role may not fuse (it runs alone), else
+    None."""
+    record = OpRecord(0, name, unit, "", flops=flops, transcendentals=transcendentals)
+    return None if RULES[role_of(record)].fusible else "opaque"
+
+
+def cost_cut(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], args: tuple) -> str | None:
+    """``op_cut`` of one op from the cost the recorder would record for it (backend/costs.py)."""
+    from tpusim.backend import costs
+
+    try:
+        cost = costs.op_cost(name, inputs, outputs, args)
+    except Exception:  # noqa: BLE001  (the recorder's fallback for a failing cost rule)
+        cost = costs.Cost("vpu")
+    return op_cut(name, cost.unit, cost.flops, cost.transcendentals)
+
+
+def native_cut(kind: str, a: torch.Tensor, b: torch.Tensor | None) -> str:
+    """The cut of a shim native event, as fusion sees its record: an item or a device->host copy is a
+    ``sync``, a host->device copy ``h2d``, a device->device copy a DMA op (``opaque``)."""
+    if kind != "copy" or b is None:
+        return "sync"
+    on_device = (a.device.type == "tpu", b.device.type == "tpu")
+    return {(True, True): "opaque", (True, False): "sync"}.get(on_device, "h2d")
+
+
+# ---------------------------------------------------------------- views of pending values
 
 
 def _key(t: torch.Tensor) -> Key:
@@ -30,180 +110,411 @@ def _uses(t: torch.Tensor) -> int:
     return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
 
+def _memory_order(shape: tuple, strides: tuple) -> tuple[int, ...] | None:
+    """The dims of a dense layout (a permutation of a contiguous block) from outermost to innermost in
+    memory, or None when the layout has gaps or overlaps."""
+    order = sorted(range(len(shape)), key=lambda d: (shape[d] == 1, -strides[d]))
+    expected = 1
+    for d in reversed(order):
+        if shape[d] != 1 and strides[d] != expected:
+            return None
+        expected *= shape[d]
+    return tuple(order)
+
+
+def view_spec(base: Key, view: Key) -> tuple | None:
+    """How to read ``view`` from the pending value under ``base`` (same storage): (the base's memory
+    order, offset into it, shape, strides), or None when the program cannot (see the module docstring)."""
+    order = _memory_order(base[2], base[3])
+    if order is None or view[4] != base[4] or any(s < 0 for s in view[3]):
+        return None
+    delta = view[1] - base[1]
+    last = delta + sum((size - 1) * stride for size, stride in zip(view[2], view[3]))
+    if math.prod(view[2]) and (delta < 0 or last >= math.prod(base[2])):
+        return None
+    return (order, delta, view[2], view[3])
+
+
+def overwrites(base: Key, view: Key) -> bool:
+    """A write of ``view`` replaces every byte of the pending value under ``base`` (a reshape or a
+    permutation of the same block): the window keeps the new value only."""
+    return view[1] == base[1] and view[4] == base[4] and math.prod(view[2]) == math.prod(base[2]) and \
+        _memory_order(view[2], view[3]) is not None and _memory_order(base[2], base[3]) is not None
+
+
+def derive(value: object, spec: tuple) -> object:
+    """The view ``spec`` of a pending jax value: a slice of its bytes in memory order, transposed and
+    broadcast; a gather where the view is not a permuted dense block."""
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+
+    base_order, delta, shape, strides = spec
+    if not math.prod(shape):
+        return jnp.zeros(shape, value.dtype)
+    flat = value.transpose(base_order).reshape(-1)
+    kept = [d for d in range(len(shape)) if strides[d] != 0 and shape[d] != 1]
+    order = sorted(kept, key=lambda d: -strides[d])
+    dense = all(strides[d] == math.prod(shape[e] for e in order[i + 1:]) for i, d in enumerate(order))
+    if dense:
+        block = lax.slice(flat, (delta,), (delta + math.prod(shape[d] for d in kept),))
+        block = block.reshape([shape[d] for d in order]).transpose([order.index(d) for d in kept])
+    else:
+        grids = np.meshgrid(*[np.arange(shape[d]) * strides[d] for d in kept], indexing="ij")
+        block = flat[delta + sum(grids, np.zeros((), np.int64))]
+    kept_shape = [shape[d] if d in kept else 1 for d in range(len(shape))]
+    return jnp.broadcast_to(block.reshape(kept_shape), shape)
+
+
+def grow(out: torch.Tensor, shape: tuple) -> None:
+    """Resize an empty out= (a host alias of device memory) in device memory: composite ops such as
+    ``abs`` hand the fallback ``abs.out`` with ``empty(0)``. The device storage grows in place (the
+    shim's resize_) and the alias follows it, so the fallback's sync_back finds the same memory and
+    the value can wait in the window (a host-side resize would be copied to fresh device memory at
+    once)."""
+    from tpusim.backend.state import STATE
+
+    shim = STATE.shim
+    device = shim.to_device([out], shim.current_device())[0]
+    device.resize_(shape)
+    out.set_(shim.host_alias(device))
+
+
+# ---------------------------------------------------------------- the native hook slot
+
+
+class _NativeHooks:
+    """The shim has one native-hook slot, which the recorder takes while it records and clears after.
+    The window needs every native event (a stale read otherwise), so while it is installed it owns the
+    slot and keeps whatever the recorder sets as a second listener. (Until the shim's slot takes
+    several listeners: backend/csrc/module.cpp, backend/recorder.py.)"""
+
+    def __init__(self, listener: Callable) -> None:
+        from tpusim.backend import recorder
+        from tpusim.backend.state import STATE
+
+        self.shim = STATE.shim
+        self.listener = listener
+        self.claim = self.shim.set_native_hook
+        self.other: Callable | None = recorder._native if STATE.recording else None
+
+    def install(self) -> None:
+        self.shim.set_native_hook = self._set_other
+        self.claim(self._call)
+
+    def uninstall(self) -> None:
+        self.shim.set_native_hook = self.claim
+        self.claim(self.other)
+
+    def _set_other(self, fn: Callable | None) -> None:
+        self.other = fn
+
+    def _call(self, kind: str, a: torch.Tensor, b: torch.Tensor | None) -> None:
+        self.listener(kind, a, b)
+        if self.other is not None:
+            self.other(kind, a, b)
+
+
+# ---------------------------------------------------------------- the window
+
+
 class Window:
-    def __init__(self, stats: object, limit: int) -> None:
+    """Pending ops of one fused window and their wiring; ``cut`` runs them as one jitted program."""
+
+    def __init__(self, stats: object) -> None:
         self.stats = stats
-        self.limit = limit
-        self.cache: dict[tuple, Callable] = {}
-        self._shapes: dict[tuple, object] = {}
+        self.cache: dict[tuple, Callable] = {}                 # window signature -> jitted program
+        self._described: dict[tuple, tuple] = {}              # op signature -> (output shapes, cut)
+        self._host_cuts: dict[tuple, str | None] = {}
+        self._specs: dict[tuple, tuple | None] = {}
+        self._hooks: _NativeHooks | None = None
+        self._step_hook = None
         self._clear()
 
     def _clear(self) -> None:
+        self.members = 0                              # ops fusion counts in this window
         self.ops: list[tuple] = []                    # (fn, input refs, #outputs, first value, multi)
-        self.inputs: list[torch.Tensor] = []          # host tensors read at flush
+        self.inputs: list[torch.Tensor] = []          # host tensors read when the window runs
         self.input_keys: dict[Key, int] = {}
+        self.read_storages: set[int] = set()
         self.values: dict[Key, int] = {}              # key -> produced value index (latest write)
         self.value_dst: dict[int, torch.Tensor] = {}  # value index -> host tensor it lands in
-        self.storages: dict[int, set[Key]] = {}       # storage address -> keys with pending values
-        self.fresh: dict[int, int] = {}              # value index -> storage use count when nothing else held it
+        self.pending: dict[int, Key] = {}             # storage address -> the key of its pending value
+        self.fresh: dict[int, int] = {}               # value index -> storage use count when nothing else held it
         self.n_values = 0
 
     # ------------------------------------------------------------ hooks
 
     def install(self) -> None:
-        from tpusim.backend.state import STATE
-
-        STATE.shim.set_native_hook(self._native)
+        self._hooks = _NativeHooks(self._native)
+        self._hooks.install()
+        self._step_hook = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: self.cut("step"))
 
     def uninstall(self) -> None:
-        from tpusim.backend.state import STATE
-
-        STATE.shim.set_native_hook(None)
+        if self._hooks is not None:
+            self._hooks.uninstall()
+            self._hooks = None
+        if self._step_hook is not None:
+            self._step_hook.remove()
+            self._step_hook = None
 
     def _native(self, kind: str, a: torch.Tensor, b: torch.Tensor | None) -> None:
-        """The shim's native copy/item: item notifies before reading, copy after copying, so a copy
-        that raced pending work is redone once the window has run."""
-        if not self.ops:
+        """The shim's native item/copy: item notifies before reading, copy after copying, so a copy that
+        raced pending work is redone once the window has run."""
+        if not self.members:
             return
-        self.flush(kind)
-        if kind == "copy" and b is not None:
+        raced = bool(self.ops)
+        self.cut(native_cut(kind, a, b))
+        if raced and kind == "copy" and b is not None:
             from tpusim.backend.state import STATE
 
             src = STATE.shim.host_alias(a) if a.device.type == "tpu" else a
             dst = STATE.shim.host_alias(b) if b.device.type == "tpu" else b
             dst.copy_(src)
 
-    # ------------------------------------------------------------ recording
+    # ------------------------------------------------------------ deciding
 
-    def _ref(self, t: torch.Tensor) -> tuple[str, int]:
-        key = _key(t)
+    def _describe(self, fn: Callable, name: str, tensors: list[torch.Tensor], args: tuple) -> tuple:
+        """(output shapes, fusion cut) of one op signature, computed once."""
+        sig = (id(fn), name, tuple((tuple(t.shape), t.dtype) for t in tensors))
+        found = self._described.get(sig)
+        if found is None:
+            import jax
+            from tpusim.backend.lowering.dtypes import jax_dtype, torch_dtype
+
+            specs = [jax.ShapeDtypeStruct(tuple(t.shape), jax_dtype(t.dtype)) for t in tensors]
+            shapes = jax.eval_shape(fn, *specs)
+            leaves = shapes if isinstance(shapes, (tuple, list)) else [shapes]
+            outs = [torch.empty(tuple(s.shape), dtype=torch_dtype(s.dtype), device="meta")
+                    for s in leaves if s is not None and hasattr(s, "shape")]
+            found = self._described[sig] = (shapes, cost_cut(name, tensors, outs, args))
+        return found
+
+    def host_cut(self, sig: tuple, name: str, inputs: list[torch.Tensor], outputs: Callable[[], list],
+                 args: tuple) -> str | None:
+        """``cost_cut`` of an op the host runs, once per signature (``outputs`` is called only then)."""
+        if sig not in self._host_cuts:
+            self._host_cuts[sig] = cost_cut(name, inputs, outputs(), args)
+        return self._host_cuts[sig]
+
+    def _spec(self, base: Key, key: Key) -> tuple | None:
+        pair = (base, key)
+        if pair not in self._specs:
+            self._specs[pair] = view_spec(base, key)
+        return self._specs[pair]
+
+    def _unreadable(self, key: Key) -> bool:
+        base = self.pending.get(key[0])
+        return base is not None and base != key and self._spec(base, key) is None
+
+    def _unwritable(self, key: Key) -> bool:
+        base = self.pending.get(key[0])
+        return base is not None and base != key and not overwrites(base, key)
+
+    def _touches(self, reads: list[torch.Tensor], writes: list[torch.Tensor]) -> bool:
+        """An op run now would read a pending value or write memory the window reads or writes."""
+        if not self.members:
+            return False
+        storage = [t.untyped_storage().data_ptr() for t in (*reads, *writes)]
+        return any(s in self.pending for s in storage) or \
+            any(s in self.read_storages for s in storage[len(reads):])
+
+    def _make_room(self) -> None:
+        if self.members >= WINDOW_OPS:
+            self.cut("size")
+
+    # ------------------------------------------------------------ recording ops
+
+    def outside(self, reason: str, reads: list[torch.Tensor], writes: list[torch.Tensor],
+                run: Callable[[], object]) -> object:
+        """Run a fusible op now, outside the program: cut first (``reason``) only if it touches pending
+        work; it counts as a member either way."""
+        self._make_room()
+        if self._touches(reads, writes):
+            self.cut(reason)
+        self.members += 1
+        return run()
+
+    def add(self, name: str, info: object, fn: Callable, args: tuple, kwargs: dict, outs: dict) -> object:
+        """Append one lowered op (its outputs get host memory now and bytes when the window runs)."""
+        from tpusim.backend.targets.pjrt import _tensors
+
+        tensors = _tensors(args, kwargs)
+        shapes, cut = self._describe(fn, name, tensors, args)
+        if cut is not None:
+            self.cut(cut)
+            return self._now(info, fn, args, kwargs, outs)
+        multi = isinstance(shapes, (tuple, list))
+        leaves = list(shapes) if multi else [shapes]
+        targets = _targets(info, args, outs, leaves)
+        why = _outside_reason(info, targets, leaves)
+        if why is not None:
+            return self.outside(why, tensors, targets or [], lambda: self._now(info, fn, args, kwargs, outs))
+        targets = self._append(fn, tensors, targets, leaves, multi)
+        if info.kind == "inplace":
+            return targets[0]
+        if info.kind == "out":
+            return targets[0] if len(targets) == 1 else tuple(targets)
+        return tuple(targets) if multi else targets[0]
+
+    def _append(self, fn: Callable, tensors: list[torch.Tensor], targets: list[torch.Tensor] | None,
+                leaves: list, multi: bool) -> list[torch.Tensor]:
+        """Wire one op into the window; ``targets`` None: fresh host tensors for its outputs (returned)."""
+        from tpusim.backend.lowering.dtypes import torch_dtype
+
+        self._make_room()
+        read_keys = [_key(t) for t in tensors]
+        write_keys = [_key(t) for t in targets or []]
+        if any(self._unreadable(k) for k in read_keys) or any(self._unwritable(k) for k in write_keys):
+            self.cut("alias")
+        refs = tuple(self._ref(t, k) for t, k in zip(tensors, read_keys))
+        fresh = targets is None
+        if fresh:
+            targets = [torch.empty(tuple(s.shape), dtype=torch_dtype(s.dtype)) for s in leaves]
+            write_keys = [_key(t) for t in targets]
+        first = self.n_values
+        for t, k in zip(targets, write_keys):
+            v = self._produce(t, k)
+            if fresh:
+                self.fresh[v] = _uses(t)
+        self.ops.append((fn, refs, len(targets), first, multi))
+        self.members += 1
+        self.stats.ops += 1
+        return targets
+
+    def _ref(self, t: torch.Tensor, key: Key) -> tuple:
         v = self.values.get(key)
         if v is not None:
             return ("v", v)
+        base = self.pending.get(key[0])
+        if base is not None:
+            return ("d", self.values[base], self._spec(base, key))
         i = self.input_keys.get(key)
         if i is None:
             i = self.input_keys[key] = len(self.inputs)
             self.inputs.append(t)
+            self.read_storages.add(key[0])
         return ("i", i)
 
-    def _conflicts(self, reads: list[torch.Tensor], writes: list[torch.Tensor]) -> bool:
-        """A read or write of a storage holding a pending value under another view."""
-        if not self.storages:
-            return False
-        for t in reads:
-            key = _key(t)
-            if key not in self.values and key[0] in self.storages:
-                return True
-        for t in writes:
-            key = _key(t)
-            others = self.storages.get(key[0])
-            if others and key not in others:
-                return True
-        return False
-
-    def _out_shapes(self, fn: Callable, tensors: list[torch.Tensor]) -> object:
-        import jax
-        from tpusim.backend.lowering.dtypes import jax_dtype
-
-        sig = (id(fn), tuple((tuple(t.shape), t.dtype) for t in tensors))
-        shapes = self._shapes.get(sig)
-        if shapes is None:
-            specs = [jax.ShapeDtypeStruct(tuple(t.shape), jax_dtype(t.dtype)) for t in tensors]
-            shapes = self._shapes[sig] = jax.eval_shape(fn, *specs)
-        return shapes
-
-    def _produce(self, dst: torch.Tensor) -> int:
-        key = _key(dst)
+    def _produce(self, dst: torch.Tensor, key: Key) -> int:
+        replaced = self.pending.get(key[0])
+        if replaced is not None and replaced != key:      # overwritten whole: only the new value lands
+            del self.values[replaced]
         v = self.n_values
         self.n_values += 1
         self.values[key] = v
         self.value_dst[v] = dst
-        self.storages.setdefault(key[0], set()).add(key)
+        self.pending[key[0]] = key
         return v
 
-    def add(self, op: object, info: object, fn: Callable, args: tuple, kwargs: dict, outs: dict) -> object:
-        from tpusim.backend.lowering.dtypes import torch_dtype
-        from tpusim.backend.targets.pjrt import _split
+    def _now(self, info: object, fn: Callable, args: tuple, kwargs: dict, outs: dict) -> object:
+        from tpusim.backend.targets.pjrt import _finish, _tensors, _to_jax
 
-        tensors, _ = _split(args, kwargs)
-        shapes = self._out_shapes(fn, tensors)
-        multi = isinstance(shapes, (tuple, list))
-        leaves = list(shapes) if multi else [shapes]
-        if any(s is None or not hasattr(s, "shape") for s in leaves):
-            return self._now(op, info, fn, args, kwargs, outs, "non-tensor output")
-        if info.kind == "inplace" and tuple(args[0].shape) != tuple(leaves[0].shape):
-            return self._now(op, info, fn, args, kwargs, outs, "resize")
-        dsts = list(outs.values()) if info.kind == "out" else None
-        if dsts is not None and any(tuple(d.shape) != tuple(s.shape) or d.dtype != torch_dtype(s.dtype)
-                                    for d, s in zip(dsts, leaves)):
-            return self._now(op, info, fn, args, kwargs, outs, "resize")
-        targets = [args[0]] if info.kind == "inplace" else dsts
-        if self._conflicts(tensors, targets or []):
-            self.flush("alias")
-        refs = [self._ref(t) for t in tensors]
-        if targets is None:
-            targets = [torch.empty(tuple(s.shape), dtype=torch_dtype(s.dtype)) for s in leaves]
-        first = self.n_values
-        for t in targets:
-            v = self._produce(t)
-            if dsts is None and info.kind != "inplace":
-                self.fresh[v] = _uses(t)
-        self.ops.append((fn, refs, len(targets), first, multi))
-        self.stats.ops += 1
-        result = targets[0] if info.kind == "inplace" else (
-            (targets[0] if len(targets) == 1 else tuple(targets)) if dsts is not None else
-            (tuple(targets) if multi else targets[0]))
-        if len(self.ops) >= self.limit:
-            self.flush("window full")
-        return result
-
-    def _now(self, op: object, info: object, fn: Callable, args: tuple, kwargs: dict, outs: dict,
-             why: str) -> object:
-        from tpusim.backend.targets.pjrt import _finish, _split, _to_jax
-
-        self.flush(why)
-        tensors, _ = _split(args, kwargs)
+        tensors = _tensors(args, kwargs)
         result = fn(*[_to_jax(t) for t in tensors])
         self.stats.ops += 1
         self.stats.executions += 1
         return _finish(info, list(args), outs, result)
 
-    # ------------------------------------------------------------ execution
+    # ------------------------------------------------------------ running
 
-    def _program(self, ops: list, n_inputs: int, live: list[int]) -> Callable:
-        def run(*inputs: object) -> list:
-            values: dict[int, object] = {}
-            for fn, refs, n_out, first, multi in ops:
-                args = [inputs[i] if kind == "i" else values[i] for kind, i in refs]
-                out = fn(*args)
-                outs = list(out) if multi else [out]
-                for j in range(n_out):
-                    values[first + j] = outs[j]
-            return [values[v] for v in live]
-
-        return run
-
-    def flush(self, reason: str = "flush") -> None:
-        if not self.ops:
+    def cut(self, reason: str) -> None:
+        """End the window (``reason``: a ``Stats.cuts`` key): run its program, count it; no-op when empty."""
+        if not self.members:
             return
+        if self.ops:
+            self._run()
+        else:
+            self._clear()
+        self.stats.windows += 1
+        self.stats.cuts[reason] = self.stats.cuts.get(reason, 0) + 1
+
+    def _live(self) -> list[int]:
+        """The values that land in memory: the last write of each view, unless nobody holds that memory
+        any more (its device tensors died inside the window): XLA then drops their computation."""
+        last = set(self.values.values())
+        dead = {v for v in last if v in self.fresh and _uses(self.value_dst[v]) <= self.fresh[v]}
+        written = [v for v in last if v not in self.fresh and self.value_dst[v].dim() > 0]
+        return sorted(last - dead - self._unreferenced(written))
+
+    def _unreferenced(self, values: list[int]) -> set[int]:
+        """Values written into out=/in-place tensors whose device storage only the window still holds:
+        its references are one per host alias it keeps (inputs, targets) and the device views made here.
+        (Only tensors with dims: the fallback refuses CPU ones there, so these are all aliases.)"""
+        if not values:
+            return set()
+        from tpusim.backend.state import STATE
+
+        devices = STATE.shim.to_device([self.value_dst[v] for v in values], STATE.shim.current_device())
+        aliases = [*self.inputs, *(t for v, t in self.value_dst.items() if v not in self.fresh)]
+        storages = {s._cdata: s for s in (t.untyped_storage() for t in aliases)}
+        held = Counter(s.data_ptr() for s in storages.values())
+        held.update(d.untyped_storage().data_ptr() for d in devices)
+        # _uses counts its own temporary storage object too
+        return {v for v, d in zip(values, devices) if _uses(d) - 1 == held[d.untyped_storage().data_ptr()]}
+
+    def _run(self) -> None:
         import jax
         from tpusim.backend.targets.pjrt import _to_jax, _to_torch
 
         ops, inputs = self.ops, self.inputs
-        # the last write of each view lands in memory, unless nobody holds that memory any more (a
-        # fresh output whose device tensor died inside the window): XLA then drops its computation
-        live = sorted(v for v in set(self.values.values())
-                      if v not in self.fresh or _uses(self.value_dst[v]) > self.fresh[v])
+        live = self._live()
         dsts = [self.value_dst[v] for v in live]
-        sig = (tuple((id(fn), tuple(refs), n, first, multi) for fn, refs, n, first, multi in ops),
+        sig = (tuple((id(fn), refs, n, first, multi) for fn, refs, n, first, multi in ops),
                tuple((tuple(t.shape), t.dtype) for t in inputs), tuple(live))
         self._clear()
         program = self.cache.get(sig)
         if program is None:
-            program = self.cache[sig] = jax.jit(self._program(ops, len(inputs), live))
+            program = self.cache[sig] = jax.jit(_program(ops, live))
             self.stats.compiles += 1
-        outs = program(*[_to_jax(t) for t in inputs])
+        outs = jax.block_until_ready(program(*[_to_jax(t) for t in inputs]))
         for dst, value in zip(dsts, outs):
             dst.copy_(_to_torch(value))
         self.stats.executions += 1
-        self.stats.flushes[reason] = self.stats.flushes.get(reason, 0) + 1
+
+
+def _targets(info: object, args: tuple, outs: dict, leaves: list) -> list[torch.Tensor] | None:
+    """The tensors an op writes (self, or its out= tensors; None: fresh outputs); an empty out= is
+    grown in device memory first (``grow``)."""
+    from tpusim.backend.lowering.dtypes import torch_dtype
+
+    if info.kind == "inplace":
+        return [args[0]]
+    if info.kind != "out":
+        return None
+    dsts = list(outs.values())
+    for d, s in zip(dsts, leaves):
+        if hasattr(s, "shape") and d.numel() == 0 and tuple(d.shape) != tuple(s.shape) and \
+                d.dtype == torch_dtype(s.dtype):
+            grow(d, tuple(s.shape))
+    return dsts
+
+
+def _outside_reason(info: object, targets: list[torch.Tensor] | None, leaves: list) -> str | None:
+    """Why an op must run at once, outside the program: a non-tensor result (``host``) or a target
+    that must change shape or dtype (``resize``); None when it can wait in the window."""
+    from tpusim.backend.lowering.dtypes import torch_dtype
+
+    if any(s is None or not hasattr(s, "shape") for s in leaves):
+        return "host"
+    if targets is not None and any(tuple(t.shape) != tuple(s.shape) or t.dtype != torch_dtype(s.dtype)
+                                   for t, s in zip(targets, leaves)):
+        return "resize"
+    return None
+
+
+def _program(ops: list, live: list[int]) -> Callable:
+    """The window as one function of its inputs, returning its live values."""
+
+    def run(*inputs: object) -> list:
+        values: dict[int, object] = {}
+        for fn, refs, n_out, first, multi in ops:
+            args = [inputs[ref[1]] if ref[0] == "i" else values[ref[1]] if ref[0] == "v" else
+                    derive(values[ref[1]], ref[2]) for ref in refs]
+            out = fn(*args)
+            outs = list(out) if multi else [out]
+            for j in range(n_out):
+                values[first + j] = outs[j]
+        return [values[v] for v in live]
+
+    return run

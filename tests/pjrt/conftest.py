@@ -20,10 +20,15 @@ def _seed() -> None:
 
 @pytest.fixture
 def pjrt_mode(request: pytest.FixtureRequest) -> object:
-    """Enable the PJRT target in the mode given by indirect parametrisation; back to sim afterwards."""
+    """Enable the PJRT target in the eager mode given by indirect parametrisation (``enable`` sets the
+    process's eager mode); back to the sim target and the previous eager mode afterwards."""
     from tpusim.backend.targets import pjrt
 
+    import tpusim
+
+    previous = tpusim.get_eager_mode()
     pjrt.enable(request.param)
     pjrt.reset_stats()
     yield pjrt
     pjrt.disable()
+    tpusim.set_eager_mode(previous)

@@ -1,16 +1,25 @@
-"""The PJRT target: tpu ops through JAX (Strict: one jitted computation per op signature; Fused: windows)."""
+"""The PJRT target: tpu ops through JAX in the eager mode (Strict and Debug: one jitted computation per op
+signature; Fused: tpusim.fusion's windows, tests/pjrt/test_pjrt_windows.py)."""
 
 from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 from models import ElementwiseMLP, SmallTransformer, mlp_batch, train, transformer_batch
+from tpusim.backend import debug
+
+import tpusim
 
 MODES = ["strict", "fused"]
 
 
-@pytest.mark.parametrize("pjrt_mode", MODES, indirect=True)
+@pytest.mark.parametrize("pjrt_mode", ["debug", *MODES], indirect=True)
 def test_mlp_trains_with_cpu_losses(pjrt_mode: object) -> None:
     torch.manual_seed(0)
     ref = train(ElementwiseMLP(), mlp_batch(), 3, "cpu")
@@ -93,3 +102,55 @@ def test_ops_without_lowering_fall_back_with_a_warning(pjrt_mode: object, monkey
         y = (x.sin() + 1).cos()
     torch.testing.assert_close(y.cpu(), (x.cpu().sin() + 1).cos())
     assert "aten.cos.default" in pjrt_mode.host_ops()
+
+
+@pytest.mark.parametrize("pjrt_mode", ["debug"], indirect=True)
+def test_debug_mode_checks_each_result_after_jax_ran_it(pjrt_mode: object) -> None:
+    x = torch.tensor([1.0, -1.0], device="tpu")
+    y = x.exp()                                              # finite: passes the check
+    with pytest.raises(debug.TpuNonFiniteError, match="aten::log .*1 NaN"):
+        x.log()
+    assert pjrt_mode.mode() == "debug" and pjrt_mode.stats().executions == 2
+    torch.testing.assert_close(y.cpu(), torch.tensor([1.0, -1.0]).exp())
+
+
+@pytest.mark.parametrize("pjrt_mode", ["strict"], indirect=True)
+def test_the_target_follows_eager_mode_changes(pjrt_mode: object) -> None:
+    x = torch.randn(16, device="tpu")
+    with tpusim.eager_mode("fused"):
+        assert pjrt_mode.mode() == "fused"
+        y = x.sin() * 2 + 1
+        assert pjrt_mode.stats().executions == 0              # pending in the window
+    assert pjrt_mode.mode() == "strict"
+    assert pjrt_mode.stats().cuts == {"mode": 1} and pjrt_mode.stats().executions == 1
+    torch.testing.assert_close(y.cpu(), x.cpu().sin() * 2 + 1)
+    compiles = pjrt_mode.stats().compiles
+    with tpusim.eager_mode("fused"):
+        y = x.sin() * 2 + 1
+    assert pjrt_mode.stats().compiles == compiles              # the window's compile cache outlives a switch
+    pjrt_mode.enable()                                       # no name: the eager mode as it is
+    assert pjrt_mode.mode() == tpusim.get_eager_mode() == "strict"
+    pjrt_mode.enable("fused")                                # a name sets the eager mode
+    assert pjrt_mode.mode() == tpusim.get_eager_mode() == "fused"
+    with pytest.raises(ValueError, match="accepted: debug, strict, fused"):
+        pjrt_mode.enable("lazy")
+
+
+def test_environment_selects_target_and_mode() -> None:
+    code = ("import torch, tpusim.backend; from tpusim.backend.targets import pjrt; x = torch.ones(3, device='tpu'); "
+            "y = (x + 1).sum(); print(pjrt.mode(), y.item(), pjrt.stats().windows, pjrt.stats().cuts)")
+    env = {**os.environ, "TPUSIM_TARGET": "pjrt", "TPUSIM_EAGER_MODE": "fused"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.split() == ["fused", "6.0", "1", "{'sync':", "1}"]
+
+
+@pytest.mark.parametrize("pjrt_mode", MODES, indirect=True)
+def test_cached_computations_keep_no_device_memory_alive(pjrt_mode: object) -> None:
+    x = torch.randn(1000, device="tpu")
+    gc.collect()                                   # what earlier tests left in reference cycles
+    base = torch.tpu.memory_allocated()
+    y = (x * 3).abs() + 1                          # new signatures: their first arguments must not stay cached
+    y.cpu()
+    del y
+    gc.collect()                                   # a first lowering's make_fx trace leaves reference cycles
+    assert torch.tpu.memory_allocated() == base

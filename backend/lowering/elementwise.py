@@ -78,23 +78,28 @@ def _round_decimals(x: jax.Array, *, decimals: int = 0) -> jax.Array:
     return _elementwise(lambda v: jnp.round(v, decimals), Kind.DEFAULT, x)
 
 
+def _is_one(alpha: object) -> bool:
+    """alpha == 1 without asking a traced value (the PJRT target passes Python floats as arguments)."""
+    return isinstance(alpha, (int, float)) and alpha == 1
+
+
 @register(aten.add.Tensor, aten.add.Scalar)
 def _add(x: object, y: object, *, alpha: object = 1) -> jax.Array:
-    if alpha != 1:
+    if not _is_one(alpha):
         return _elementwise(lambda a, b: a + b * jnp.asarray(alpha, b.dtype), Kind.DEFAULT, x, y)
     return _elementwise(jnp.add, Kind.DEFAULT, x, y)
 
 
 @register(aten.sub.Tensor, aten.sub.Scalar)
 def _sub(x: object, y: object, *, alpha: object = 1) -> jax.Array:
-    if alpha != 1:
+    if not _is_one(alpha):
         return _elementwise(lambda a, b: a - b * jnp.asarray(alpha, b.dtype), Kind.DEFAULT, x, y)
     return _elementwise(jnp.subtract, Kind.DEFAULT, x, y)
 
 
 @register(aten.rsub.Tensor, aten.rsub.Scalar)
 def _rsub(x: object, y: object, *, alpha: object = 1) -> jax.Array:
-    return _sub(y, x, alpha=alpha) if alpha == 1 else _elementwise(lambda a, b: b - a * alpha, Kind.DEFAULT, x, y)
+    return _sub(y, x, alpha=alpha) if _is_one(alpha) else _elementwise(lambda a, b: b - a * alpha, Kind.DEFAULT, x, y)
 
 
 _binary(jnp.multiply, Kind.DEFAULT, aten.mul.Tensor, aten.mul.Scalar)

@@ -175,18 +175,28 @@ def _fill(v: object, it: Iterator) -> object:
     return v
 
 
-def _lowered(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Callable | None:
-    """``f(*jax tensors) -> result`` for one op call, from the table or from its decomposition."""
+def _lowered(op: torch._ops.OpOverload, args: tuple, kwargs: dict, lift: bool = False) -> Callable | None:
+    """``f(*jax tensors) -> result`` for one op call, from the table or from its decomposition; ``lift``:
+    ``f(*jax tensors, *floats)`` (table entries only: a decomposition is traced with its floats)."""
     from tpusim.backend.lowering import lookup
 
-    tensors, rebuild = _split(args, kwargs)
     entry = lookup(op)
+    if lift and entry is None:
+        return None
+    if lift:
+        args, kwargs, _ = _lift(args, kwargs)
+    tensors, rebuild = _split(args, kwargs)
     if entry is not None:
         if not entry.jit:
             return None
+        count = len(tensors)
 
         def direct(*arrays: object) -> object:
-            a, k = rebuild(list(arrays))
+            a, k = rebuild(list(arrays[:count]))
+            if lift:
+                floats = iter(arrays[count:])
+                a = tuple(next(floats) if v is _Float else v for v in a)
+                k = {key: next(floats) if v is _Float else v for key, v in k.items()}
             return entry.fn(*a, **k)
 
         return direct
@@ -237,7 +247,8 @@ def _agrees(fn: Callable, op: torch._ops.OpOverload, args: tuple, kwargs: dict, 
         expected = _meta_result(op, args, kwargs)
     except Exception:  # noqa: BLE001  (no meta kernel: trust the lowering)
         return True
-    specs = [jax.ShapeDtypeStruct(tuple(t.shape), jax_dtype(t.dtype)) for t in tensors]
+    specs = [jax.ShapeDtypeStruct(tuple(t.shape), jax_dtype(t.dtype)) if isinstance(t, torch.Tensor) else t
+             for t in tensors]
     got = jax.eval_shape(fn, *specs)
     exp = [t for t in pytree.tree_leaves(expected) if isinstance(t, torch.Tensor)]
     out = [g for g in pytree.tree_leaves(got) if hasattr(g, "shape")]
@@ -245,23 +256,66 @@ def _agrees(fn: Callable, op: torch._ops.OpOverload, args: tuple, kwargs: dict, 
                                         for e, g in zip(exp, out))
 
 
-def _compiled(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Callable | None:
-    key = (op, _sig(args), _sig(kwargs))
-    try:
-        return _S.cache[key]
-    except KeyError:
-        pass
+class _Float:
+    """Where a lifted Python float was, in ``_lift``'s skeleton."""
+
+
+class Compiled:
+    """One op signature's jitted computation. ``lifted``: its top-level Python floats (an optimizer's
+    step size, bias corrections) are arguments, not constants, so a new value does not recompile it;
+    call it with ``operands(...)``."""
+
+    __slots__ = ("fn", "lifted", "__weakref__")
+
+    def __init__(self, fn: Callable, lifted: bool) -> None:
+        self.fn, self.lifted = fn, lifted
+
+    def __call__(self, *xs: object) -> object:
+        return self.fn(*xs)
+
+
+def _lift(args: tuple, kwargs: dict) -> tuple[tuple, dict, list[float]]:
+    """(args, kwargs) with their top-level Python floats replaced by ``_Float``, and those floats."""
+    floats: list[float] = []
+
+    def one(v: object) -> object:
+        if type(v) is float:
+            floats.append(v)
+            return _Float
+        return v
+
+    return tuple(one(v) for v in args), {k: one(v) for k, v in kwargs.items()}, floats
+
+
+def operands(fn: Compiled, args: tuple, kwargs: dict) -> list:
+    """What ``fn`` is called with: the call's tensors, then its lifted floats (Python floats reach
+    jax.jit weakly typed, so they promote like PyTorch's Python scalars)."""
+    return _tensors(args, kwargs) + (_lift(args, kwargs)[2] if fn.lifted else [])
+
+
+def _compiled(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Compiled | None:
+    lifted_args, lifted_kwargs, floats = _lift(args, kwargs)
+    keys = [(op, _sig(lifted_args), _sig(lifted_kwargs), True)] if floats else []
+    keys.append((op, _sig(args), _sig(kwargs), False))
+    for key in keys:
+        if key in _S.cache:
+            return _S.cache[key]
     import jax
 
-    fn = None
-    try:
-        lowered = _lowered(op, args, kwargs)
-        if lowered is not None and _agrees(lowered, op, args, kwargs, _tensors(args, kwargs)):
-            fn = jax.jit(lowered)
-            _S.stats.compiles += 1
-    except Exception as err:  # noqa: BLE001  (any failure to lower: run this signature on the host)
-        _note_host(op, f"lowering failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}")
-    _S.cache[key] = fn
+    fn, error = None, None
+    for lift in (True, False) if floats else (False,):   # lifted first; constants when the lowering needs them
+        try:
+            lowered = _lowered(op, args, kwargs, lift)
+            if lowered is not None and _agrees(lowered, op, args, kwargs, _tensors(args, kwargs) +
+                                               (floats if lift else [])):
+                fn = Compiled(jax.jit(lowered), lift)
+                _S.stats.compiles += 1
+                break
+        except Exception as err:  # noqa: BLE001  (any failure to lower: try constants, else run on the host)
+            error = err
+    if fn is None and error is not None:
+        _note_host(op, f"lowering failed: {type(error).__name__}: {str(error).splitlines()[0][:120]}")
+    _S.cache[keys[0] if fn is not None and fn.lifted else keys[-1]] = fn
     return fn
 
 
@@ -330,8 +384,7 @@ def execute(op: torch._ops.OpOverload, plan: object, hargs: list, hkwargs: dict)
     window = _S.window
     if window is not None:
         return window.add(plan.name, info, fn, args, fkwargs, outs)
-    tensors = _tensors(args, fkwargs)
-    result = fn(*[_to_jax(t) for t in tensors])
+    result = fn(*[_to_jax(t) if isinstance(t, torch.Tensor) else t for t in operands(fn, args, fkwargs)])
     _S.stats.ops += 1
     _S.stats.executions += 1
     return _finish(info, hargs, outs, result)

@@ -235,6 +235,7 @@ class Window:
         self.members = 0                              # ops fusion counts in this window
         self.ops: list[tuple] = []                    # (fn, input refs, #outputs, first value, multi)
         self.inputs: list[torch.Tensor] = []          # host tensors read when the window runs
+        self.scalars: list[float] = []                # lifted floats, passed after the inputs
         self.input_keys: dict[Key, int] = {}
         self.read_storages: set[int] = set()
         self.values: dict[Key, int] = {}              # key -> produced value index (latest write)
@@ -274,8 +275,9 @@ class Window:
 
     # ------------------------------------------------------------ deciding
 
-    def _describe(self, fn: Callable, name: str, tensors: list[torch.Tensor], args: tuple) -> tuple:
-        """(output shapes, fusion cut) of one op signature, computed once."""
+    def _describe(self, fn: Callable, name: str, tensors: list[torch.Tensor], scalars: list[float],
+                  args: tuple) -> tuple:
+        """(output shapes, fusion cut) of one op signature, computed once (lifted floats do not change them)."""
         sig = (id(fn), name, tuple((tuple(t.shape), t.dtype) for t in tensors))
         found = self._described.get(sig)
         if found is None:
@@ -283,7 +285,7 @@ class Window:
             from tpusim.backend.lowering.dtypes import jax_dtype, torch_dtype
 
             specs = [jax.ShapeDtypeStruct(tuple(t.shape), jax_dtype(t.dtype)) for t in tensors]
-            shapes = jax.eval_shape(fn, *specs)
+            shapes = jax.eval_shape(fn, *specs, *scalars)
             leaves = shapes if isinstance(shapes, (tuple, list)) else [shapes]
             outs = [torch.empty(tuple(s.shape), dtype=torch_dtype(s.dtype), device="meta")
                     for s in leaves if s is not None and hasattr(s, "shape")]
@@ -337,10 +339,12 @@ class Window:
 
     def add(self, name: str, info: object, fn: Callable, args: tuple, kwargs: dict, outs: dict) -> object:
         """Append one lowered op (its outputs get host memory now and bytes when the window runs)."""
-        from tpusim.backend.targets.pjrt import _tensors
+        from tpusim.backend.targets.pjrt import operands
 
-        tensors = _tensors(args, kwargs)
-        shapes, cut = self._describe(fn, name, tensors, args)
+        inputs = operands(fn, args, kwargs)
+        tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+        scalars = inputs[len(tensors):]
+        shapes, cut = self._describe(fn, name, tensors, scalars, args)
         if cut is not None:
             self.cut(cut)
             return self._now(info, fn, args, kwargs, outs)
@@ -350,15 +354,15 @@ class Window:
         why = _outside_reason(info, targets, leaves)
         if why is not None:
             return self.outside(why, tensors, targets or [], lambda: self._now(info, fn, args, kwargs, outs))
-        targets = self._append(fn, tensors, targets, leaves, multi)
+        targets = self._append(fn, tensors, scalars, targets, leaves, multi)
         if info.kind == "inplace":
             return targets[0]
         if info.kind == "out":
             return targets[0] if len(targets) == 1 else tuple(targets)
         return tuple(targets) if multi else targets[0]
 
-    def _append(self, fn: Callable, tensors: list[torch.Tensor], targets: list[torch.Tensor] | None,
-                leaves: list, multi: bool) -> list[torch.Tensor]:
+    def _append(self, fn: Callable, tensors: list[torch.Tensor], scalars: list[float],
+                targets: list[torch.Tensor] | None, leaves: list, multi: bool) -> list[torch.Tensor]:
         """Wire one op into the window; ``targets`` None: fresh host tensors for its outputs (returned)."""
         from tpusim.backend.lowering.dtypes import torch_dtype
 
@@ -367,7 +371,7 @@ class Window:
         write_keys = [_key(t) for t in targets or []]
         if any(self._unreadable(k) for k in read_keys) or any(self._unwritable(k) for k in write_keys):
             self.cut("alias")
-        refs = tuple(self._ref(t, k) for t, k in zip(tensors, read_keys))
+        refs = tuple(self._ref(t, k) for t, k in zip(tensors, read_keys)) + tuple(self._scalar(x) for x in scalars)
         fresh = targets is None
         if fresh:
             targets = [torch.empty(tuple(s.shape), dtype=torch_dtype(s.dtype)) for s in leaves]
@@ -396,6 +400,11 @@ class Window:
             self.read_storages.add(key[0])
         return ("i", i)
 
+    def _scalar(self, value: float) -> tuple:
+        """A lifted float: an argument of the program, so its value is not part of the signature."""
+        self.scalars.append(value)
+        return ("s", len(self.scalars) - 1)
+
     def _produce(self, dst: torch.Tensor, key: Key) -> int:
         replaced = self.pending.get(key[0])
         if replaced is not None and replaced != key:      # overwritten whole: only the new value lands
@@ -408,10 +417,9 @@ class Window:
         return v
 
     def _now(self, info: object, fn: Callable, args: tuple, kwargs: dict, outs: dict) -> object:
-        from tpusim.backend.targets.pjrt import _finish, _tensors, _to_jax
+        from tpusim.backend.targets.pjrt import _finish, _to_jax, operands
 
-        tensors = _tensors(args, kwargs)
-        result = fn(*[_to_jax(t) for t in tensors])
+        result = fn(*[_to_jax(t) if isinstance(t, torch.Tensor) else t for t in operands(fn, args, kwargs)])
         self.stats.ops += 1
         self.stats.executions += 1
         return _finish(info, list(args), outs, result)
@@ -457,7 +465,7 @@ class Window:
         import jax
         from tpusim.backend.targets.pjrt import _to_jax, _to_torch
 
-        ops, inputs = self.ops, self.inputs
+        ops, inputs, scalars = self.ops, self.inputs, self.scalars
         live = self._live()
         dsts = [self.value_dst[v] for v in live]
         sig = (tuple((id(fn), refs, n, first, multi) for fn, refs, n, first, multi in ops),
@@ -465,9 +473,9 @@ class Window:
         self._clear()
         program = self.cache.get(sig)
         if program is None:
-            program = self.cache[sig] = jax.jit(_program(ops, live))
+            program = self.cache[sig] = jax.jit(_program(ops, live, len(inputs)))
             self.stats.compiles += 1
-        outs = jax.block_until_ready(program(*[_to_jax(t) for t in inputs]))
+        outs = jax.block_until_ready(program(*[_to_jax(t) for t in inputs], *scalars))
         for dst, value in zip(dsts, outs):
             dst.copy_(_to_torch(value))
         self.stats.executions += 1
@@ -503,14 +511,14 @@ def _outside_reason(info: object, targets: list[torch.Tensor] | None, leaves: li
     return None
 
 
-def _program(ops: list, live: list[int]) -> Callable:
-    """The window as one function of its inputs, returning its live values."""
+def _program(ops: list, live: list[int], n_inputs: int) -> Callable:
+    """The window as one function of its inputs (then its lifted floats), returning its live values."""
 
     def run(*inputs: object) -> list:
         values: dict[int, object] = {}
         for fn, refs, n_out, first, multi in ops:
             args = [inputs[ref[1]] if ref[0] == "i" else values[ref[1]] if ref[0] == "v" else
-                    derive(values[ref[1]], ref[2]) for ref in refs]
+                    inputs[n_inputs + ref[1]] if ref[0] == "s" else derive(values[ref[1]], ref[2]) for ref in refs]
             out = fn(*args)
             outs = list(out) if multi else [out]
             for j in range(n_out):

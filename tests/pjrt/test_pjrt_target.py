@@ -154,3 +154,18 @@ def test_cached_computations_keep_no_device_memory_alive(pjrt_mode: object) -> N
     del y
     gc.collect()                                   # a first lowering's make_fx trace leaves reference cycles
     assert torch.tpu.memory_allocated() == base
+
+
+@pytest.mark.parametrize("pjrt_mode", ["strict", "fused"], indirect=True)
+def test_a_new_python_float_reuses_the_compiled_computation(pjrt_mode: object) -> None:
+    # An optimizer's step size and bias corrections change every step: compiled with them as
+    # constants, every step would recompile (the fused window of a whole AdamW update, too).
+    x = torch.randn(64, dtype=torch.bfloat16)
+    dev = x.to("tpu")
+    compiles = []
+    for lr in (0.1, 0.2, 0.3):
+        got = dev.mul(lr).add(dev, alpha=lr).cpu()
+        torch.testing.assert_close(got, x.mul(lr).add(x, alpha=lr))
+        assert got.dtype == torch.bfloat16             # a Python float stays weakly typed
+        compiles.append(pjrt_mode.stats().compiles)
+    assert compiles[1] == compiles[2]

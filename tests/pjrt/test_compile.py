@@ -60,16 +60,17 @@ def test_stablehlo_dump_of_the_transformer(tmp_path: object) -> None:
     assert all(p.grad is None for p in model.parameters())
 
 
-def test_graph_breaks_are_counted_with_reason_and_line() -> None:
-    def fn(x: torch.Tensor) -> torch.Tensor:
-        y = x.sin()
-        if y.sum().item() > 0:          # data-dependent branch: a graph break
-            y = y * 2
-        return y.cos()
+def _branchy(x: torch.Tensor) -> torch.Tensor:
+    y = x.sin()
+    if y.sum().item() > 0:          # data-dependent branch: a graph break
+        y = y * 2
+    return y.cos()
 
+
+def test_graph_breaks_are_counted_with_reason_and_line() -> None:
     x = torch.randn(8, device="tpu")
-    out = torch.compile(fn, backend="tpu")(x)
-    torch.testing.assert_close(out.cpu(), fn(x.cpu()))
+    out = torch.compile(_branchy, backend="tpu")(x)
+    torch.testing.assert_close(out.cpu(), _branchy(x.cpu()))
     breaks = tb.compile_stats().graph_breaks
     assert breaks and any("test_compile.py" in b.source for b in breaks)
     assert any("item" in b.reason.lower() or "scalar" in b.reason.lower() for b in breaks), breaks
@@ -155,13 +156,7 @@ def test_graph_breaks_and_recompiles_reach_the_trace_and_the_lint() -> None:
     from tpusim.lint import lint
     from tpusim.spec import load_chip
 
-    def fn(x: torch.Tensor) -> torch.Tensor:
-        y = x.sin()
-        if y.sum().item() > 0:          # data-dependent branch: a graph break
-            y = y * 2
-        return y.cos()
-
-    compiled = torch.compile(fn, backend="tpu", dynamic=False)
+    compiled = torch.compile(_branchy, backend="tpu", dynamic=False)
     with tb.recording() as rec:
         compiled(torch.randn(8, device="tpu"))
         compiled(torch.randn(16, device="tpu"))        # a new shape: Dynamo recompiles

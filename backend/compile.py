@@ -196,15 +196,14 @@ class JaxGraph:
 
     def __call__(self, args: list) -> list:
         import jax
-        import numpy as np
-        from tpusim.backend.lowering import tensor_to_jax
+        from tpusim.backend.lowering import jax_to_tensor, tensor_to_numpy
         from tpusim.backend.lowering.dtypes import torch_dtype
         from tpusim.backend.state import STATE
         from tpusim.backend.targets import flush_pending
 
         flush_pending("program")                         # the PJRT target's pending ops write our inputs
         shapes_only = STATE.numerics is False           # tensors have no memory: shapes and dtypes only
-        convert = _spec if shapes_only else (lambda t: tensor_to_jax(_host(t)))
+        convert = _spec if shapes_only else (lambda t: tensor_to_numpy(_host(t)))
         inputs = [convert(a) if isinstance(a, torch.Tensor) else a for a in args]
         bound = list(args) if STATE.recording else []
         args.clear()                                     # boxed convention: free inputs early
@@ -222,12 +221,9 @@ class JaxGraph:
         result, devices, slots = [], [], []
         for i, (o, d) in enumerate(zip(outs, self.devices)):
             if isinstance(o, jax.Array):
-                host = np.asarray(o)
-                t = torch.from_numpy(host.copy()) if host.dtype != "bfloat16" else \
-                    torch.from_numpy(host.view(np.int16).copy()).view(torch.bfloat16)
                 slots.append(i)
                 devices.append(d or torch.device("cpu"))
-                result.append(t)
+                result.append(jax_to_tensor(o))
         final = list(outs)
         for i, t in zip(slots, _to_device(result, devices)):
             final[i] = t

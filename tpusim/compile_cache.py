@@ -23,7 +23,6 @@ Collectives are not regions here: the network model prices them.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -128,12 +127,9 @@ def _program_regions(records: Sequence[Record]) -> dict[int, OpRecord]:
     for rec in records:
         if isinstance(rec, OpRecord) and rec.program:
             kernels.setdefault(rec.program, []).append(rec)
-    regions = {}
-    for program, ks in kernels.items():
-        fields = {f.name: getattr(ks[0], f.name) for f in dataclasses.fields(OpRecord)}
-        regions[program] = FusedKernel(**{**fields, "op": f"program[{len(ks)} kernels]"},
-                                       parts=tuple(p for k in ks for p in _parts(k)))
-    return regions
+    return {program: FusedKernel.around(ks[0], tuple(p for k in ks for p in _parts(k)),
+                                        op=f"program[{len(ks)} kernels]")
+            for program, ks in kernels.items()}
 
 
 def with_compiles(records: Sequence[Record], chip: ChipSpec, cache: CompileCache) -> list[Record]:
@@ -145,13 +141,11 @@ def with_compiles(records: Sequence[Record], chip: ChipSpec, cache: CompileCache
     for rec in records:
         if isinstance(rec, StepMarker) or (not stepped and isinstance(rec, HostRecord) and rec.event == "sync"):
             cache.new_iteration()
-        if isinstance(rec, OpRecord) and rec.program:
-            region = programs.pop(rec.program, None)        # None: a later kernel of a program looked up
+        if isinstance(rec, OpRecord):
+            # a program's region is looked up at its first kernel; its later kernels find None
+            region = programs.pop(rec.program, None) if rec.program else rec
             if region is not None and not cache.lookup(region):
                 out.append(HostRecord(seq=rec.seq, event="dispatch", reason="compile", seconds=chip.compile_s,
                                       source=rec.source, rank=rec.rank))
-        elif isinstance(rec, OpRecord) and not cache.lookup(rec):
-            out.append(HostRecord(seq=rec.seq, event="dispatch", reason="compile", seconds=chip.compile_s,
-                                  source=rec.source, rank=rec.rank))
         out.append(rec)
     return out

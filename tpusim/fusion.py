@@ -164,6 +164,12 @@ class FusedKernel(OpRecord):
     def sources(self) -> tuple[str, ...]:
         return tuple(p.source for p in self.parts)
 
+    @classmethod
+    def around(cls, record: OpRecord, parts: tuple[OpRecord, ...], **changes: object) -> FusedKernel:
+        """A kernel record with ``record``'s fields (``changes`` replacing some) standing for ``parts``."""
+        fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(OpRecord)}
+        return cls(**{**fields, **changes}, parts=parts)
+
 
 @dataclass(frozen=True)
 class FusionStats:
@@ -328,9 +334,7 @@ def _kernel(records: Sequence[Record], flow: _Dataflow, members: list[int], end:
     """The record of one kernel and the values it keeps on chip."""
     parts: tuple[OpRecord, ...] = tuple(records[p] for p in members)
     if len(parts) == 1:
-        only = parts[0]
-        fields = {f.name: getattr(only, f.name) for f in dataclasses.fields(OpRecord)}
-        return FusedKernel(**fields, parts=parts), set()
+        return FusedKernel.around(parts[0], parts), set()
     inside = set(members)
     index = {p: i for i, p in enumerate(members)}
     produced = {flow.writes[(p, k)]: (index[p], k) for p in members for k in range(len(records[p].outputs))}

@@ -12,6 +12,7 @@ import operator
 from collections.abc import Callable
 
 import jax
+import numpy as np
 import torch
 import torch.fx
 from tpusim.backend.lowering.creation import random_keys
@@ -28,15 +29,30 @@ class MissingLowering(NotImplementedError):
         self.ops = ops
 
 
-def tensor_to_jax(t: torch.Tensor) -> jax.Array:
-    """A host (CPU) torch tensor -> jax array on jax's default device (one host copy at most)."""
+def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A host (CPU) torch tensor as a numpy array over its memory where it can be (a jitted call takes
+    numpy arguments and moves them itself, in one C++ call, faster than building jax arrays first)."""
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.resolve_conj().resolve_neg().contiguous()
     if t.dtype == torch.bfloat16:                 # numpy has no bfloat16: move the bits
-        return jax.numpy.asarray(t.view(torch.int16).numpy().view(jax_dtype(torch.bfloat16)))
-    return jax.numpy.asarray(t.numpy())
+        return t.view(torch.int16).numpy().view(jax_dtype(torch.bfloat16))
+    return t.numpy()
+
+
+def tensor_to_jax(t: torch.Tensor) -> jax.Array:
+    """A host (CPU) torch tensor -> jax array on jax's default device (one host copy at most)."""
+    return jax.numpy.asarray(tensor_to_numpy(t))
+
+
+def jax_to_tensor(a: object) -> torch.Tensor:
+    """A jax (or numpy) array -> a CPU torch tensor that owns its memory (a copy unless numpy already
+    handed over a writeable array of its own)."""
+    host = np.asarray(a)
+    if host.dtype.name == "bfloat16":
+        return torch.from_numpy(host.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(host.copy() if not host.flags.writeable or host.base is not None else host)
 
 
 def _python_op(target: object) -> bool:

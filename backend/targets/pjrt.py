@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
+from tpusim.backend.lowering import jax_to_tensor, tensor_to_numpy  # fills the table, turns on jax x64
 
 from tpusim import eager
 
@@ -293,54 +294,43 @@ def operands(fn: Compiled, args: tuple, kwargs: dict) -> list:
     return _tensors(args, kwargs) + (_lift(args, kwargs)[2] if fn.lifted else [])
 
 
+_UNLIFTABLE = object()      # cache value: this signature's lowering needs its floats as constants
+
+
 def _compiled(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Compiled | None:
+    """The computation of one op signature, built once: with its floats lifted where the lowering
+    allows (so new values reuse it), else with them as constants; None: run it on the host."""
     lifted_args, lifted_kwargs, floats = _lift(args, kwargs)
-    keys = [(op, _sig(lifted_args), _sig(lifted_kwargs), True)] if floats else []
-    keys.append((op, _sig(args), _sig(kwargs), False))
-    for key in keys:
-        if key in _S.cache:
+    if floats:
+        key = (op, _sig(lifted_args), _sig(lifted_kwargs), True)
+        if key not in _S.cache:
+            _S.cache[key] = _build(op, args, kwargs, floats) or _UNLIFTABLE
+        if _S.cache[key] is not _UNLIFTABLE:
             return _S.cache[key]
+    key = (op, _sig(args), _sig(kwargs), False)
+    if key not in _S.cache:
+        _S.cache[key] = _build(op, args, kwargs, None)
+    return _S.cache[key]
+
+
+def _build(op: torch._ops.OpOverload, args: tuple, kwargs: dict, floats: list[float] | None) -> Compiled | None:
+    """Lower, check and jit one signature; ``floats``: lift them (a failure is then silent: the
+    caller tries constants next)."""
     import jax
 
-    fn, error = None, None
-    for lift in (True, False) if floats else (False,):   # lifted first; constants when the lowering needs them
-        try:
-            lowered = _lowered(op, args, kwargs, lift)
-            if lowered is not None and _agrees(lowered, op, args, kwargs, _tensors(args, kwargs) +
-                                               (floats if lift else [])):
-                fn = Compiled(jax.jit(lowered), lift)
-                _S.stats.compiles += 1
-                break
-        except Exception as err:  # noqa: BLE001  (any failure to lower: try constants, else run on the host)
-            error = err
-    if fn is None and error is not None:
-        _note_host(op, f"lowering failed: {type(error).__name__}: {str(error).splitlines()[0][:120]}")
-    _S.cache[keys[0] if fn is not None and fn.lifted else keys[-1]] = fn
-    return fn
+    lift = floats is not None
+    try:
+        lowered = _lowered(op, args, kwargs, lift)
+        if lowered is not None and _agrees(lowered, op, args, kwargs, _tensors(args, kwargs) + (floats or [])):
+            _S.stats.compiles += 1
+            return Compiled(jax.jit(lowered), lift)
+    except Exception as err:  # noqa: BLE001  (any failure to lower: run this signature on the host)
+        if not lift:
+            _note_host(op, f"lowering failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}")
+    return None
 
 
-# ---------------------------------------------------------------- host <-> jax
-
-
-def _to_jax(t: torch.Tensor) -> object:
-    """A host tensor as an argument of a jitted call: a numpy view of its memory. JAX moves numpy
-    arguments itself, in one C++ call, several times faster than building jax arrays first; callers
-    read the results (or block on them) before host memory changes again."""
-    t = t.detach().resolve_conj().resolve_neg().contiguous()
-    if t.dtype == torch.bfloat16:                 # numpy has no bfloat16: move the bits
-        from tpusim.backend.lowering.dtypes import jax_dtype
-
-        return t.view(torch.int16).numpy().view(jax_dtype(torch.bfloat16))
-    return t.numpy()
-
-
-def _to_torch(a: object) -> torch.Tensor:
-    import numpy as np
-
-    host = np.asarray(a)
-    if host.dtype.name == "bfloat16":
-        return torch.from_numpy(host.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(host.copy() if not host.flags.writeable or host.base is not None else host)
+# ---------------------------------------------------------------- results
 
 
 def _note_host(op: torch._ops.OpOverload, why: str) -> None:
@@ -384,7 +374,7 @@ def execute(op: torch._ops.OpOverload, plan: object, hargs: list, hkwargs: dict)
     window = _S.window
     if window is not None:
         return window.add(plan.name, info, fn, args, fkwargs, outs)
-    result = fn(*[_to_jax(t) if isinstance(t, torch.Tensor) else t for t in operands(fn, args, fkwargs)])
+    result = fn(*[tensor_to_numpy(t) if isinstance(t, torch.Tensor) else t for t in operands(fn, args, fkwargs)])
     _S.stats.ops += 1
     _S.stats.executions += 1
     return _finish(info, hargs, outs, result)
@@ -400,12 +390,12 @@ def _functional_kwargs(op: torch._ops.OpOverload) -> set[str]:
 def _finish(info: _OpInfo, hargs: list, outs: dict, result: object) -> object:
     """Map jax results onto what the overload returns: fresh tensors, self, or the out= tensors."""
     if info.kind == "inplace":
-        _write(hargs[0], _to_torch(result))
+        _write(hargs[0], jax_to_tensor(result))
         return hargs[0]
     if isinstance(result, (tuple, list)):
-        values = [_to_torch(r) if r is not None and hasattr(r, "shape") else r for r in result]
+        values = [jax_to_tensor(r) if r is not None and hasattr(r, "shape") else r for r in result]
     else:
-        values = _to_torch(result) if hasattr(result, "shape") else result
+        values = jax_to_tensor(result) if hasattr(result, "shape") else result
     if info.kind == "out":
         dsts = list(outs.values())
         vals = values if isinstance(values, list) else [values]
@@ -456,7 +446,6 @@ def _meta_outputs(op: torch._ops.OpOverload, hargs: list, hkwargs: dict) -> list
 def enable(mode: str | None = None) -> None:
     """Run tpu ops through JAX from now on, in the eager mode; ``mode`` ("debug", "strict" or "fused")
     sets the eager mode first (``tpusim.set_eager_mode``), so the target and the device agree."""
-    import tpusim.backend.lowering  # noqa: F401  (fills the table, turns on jax x64)
     from tpusim.backend import fallback
 
     if mode is not None:

@@ -417,9 +417,10 @@ class Window:
         return v
 
     def _now(self, info: object, fn: Callable, args: tuple, kwargs: dict, outs: dict) -> object:
-        from tpusim.backend.targets.pjrt import _finish, _to_jax, operands
+        from tpusim.backend.lowering import tensor_to_numpy
+        from tpusim.backend.targets.pjrt import _finish, operands
 
-        result = fn(*[_to_jax(t) if isinstance(t, torch.Tensor) else t for t in operands(fn, args, kwargs)])
+        result = fn(*[tensor_to_numpy(t) if isinstance(t, torch.Tensor) else t for t in operands(fn, args, kwargs)])
         self.stats.ops += 1
         self.stats.executions += 1
         return _finish(info, list(args), outs, result)
@@ -463,7 +464,7 @@ class Window:
 
     def _run(self) -> None:
         import jax
-        from tpusim.backend.targets.pjrt import _to_jax, _to_torch
+        from tpusim.backend.lowering import jax_to_tensor, tensor_to_numpy
 
         ops, inputs, scalars = self.ops, self.inputs, self.scalars
         live = self._live()
@@ -475,9 +476,9 @@ class Window:
         if program is None:
             program = self.cache[sig] = jax.jit(_program(ops, live, len(inputs)))
             self.stats.compiles += 1
-        outs = jax.block_until_ready(program(*[_to_jax(t) for t in inputs], *scalars))
+        outs = jax.block_until_ready(program(*[tensor_to_numpy(t) for t in inputs], *scalars))
         for dst, value in zip(dsts, outs):
-            dst.copy_(_to_torch(value))
+            dst.copy_(jax_to_tensor(value))
         self.stats.executions += 1
 
 

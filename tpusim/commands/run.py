@@ -225,7 +225,7 @@ def _measurer(script: Path, args: argparse.Namespace, modes: list[str], slice_, 
     """What runs each mode for real once the prediction is priced: report -> its ``measured`` section."""
     from tpusim.measure import measure_mode
     from tpusim.report import measured_section
-    from tpusim.report.measured import step_stats
+    from tpusim.report.model import step_stats
     from tpusim.units import format_seconds
 
     def measure(report: dict[str, Any]) -> dict[str, Any]:

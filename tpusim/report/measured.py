@@ -9,11 +9,10 @@ run, so this section, unlike the rest of report.json, is not byte-identical acro
 
 from __future__ import annotations
 
-from statistics import median
 from typing import Any
 
 from tpusim.measure import JaxDevice, ModeRun
-from tpusim.report.model import rounded
+from tpusim.report.model import rounded, step_stats
 
 BASELINE = "strict"
 
@@ -21,15 +20,6 @@ BASELINE = "strict"
 def not_tpu_note(platform: str) -> str:
     return (f"JAX device is {platform}: absolute times are not comparable with the TPU prediction; "
             f"compare the ratios between modes")
-
-
-def step_stats(steps_s: tuple[float, ...] | list[float], total_s: float | None) -> tuple[float | None, float | None]:
-    """(first step, median step) by the simulator's rule: the median leaves the first step (compile,
-    warm-up) out; one step is its own median; a script without steps has its whole run as median."""
-    steps = list(steps_s)
-    if not steps:
-        return None, total_s
-    return steps[0], median(steps[1:]) if len(steps) > 1 else steps[0]
 
 
 def notes(device: JaxDevice, chip: str, chip_from: str, world: int = 1) -> list[str]:

@@ -147,6 +147,15 @@ def program_summary(trace: Trace) -> dict[str, Any]:
             "ranks_recorded": len(ranks)}
 
 
+def step_stats(steps_s: tuple[float, ...] | list[float], total_s: float | None) -> tuple[float | None, float | None]:
+    """(first step, median step): the median leaves the first step (compile, warm-up) out; one step is
+    its own median; a program without steps has its whole run as median. Simulated and measured alike."""
+    steps = list(steps_s)
+    if not steps:
+        return None, total_s
+    return steps[0], median(steps[1:]) if len(steps) > 1 else steps[0]
+
+
 def mode_report(timeline: Timeline, trace: Trace, chip: ChipSpec) -> dict[str, Any]:
     steps = [s.seconds for s in timeline.steps]
     after_first = steps[1:]
@@ -157,11 +166,12 @@ def mode_report(timeline: Timeline, trace: Trace, chip: ChipSpec) -> dict[str, A
               if after_first else device)
     ops = [e for e in timeline.events if e.kind == "op"]
     model_flops = sum(e.flops for e in ops) / chips
+    first, step_median = step_stats(steps, timeline.total_s)
     return {
         "total_s": timeline.total_s,
         "steps_s": steps,
-        "first_step_s": steps[0] if steps else None,
-        "step_time_median_s": median(after_first) if after_first else (steps[0] if steps else timeline.total_s),
+        "first_step_s": first,
+        "step_time_median_s": step_median,
         "device_s": device,
         "step_device_s": steady,
         "host_s": {"dispatch": timeline.host_dispatch_s / chips, "stall": timeline.host_stall_s / chips,

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
-from tpusim.backend import costs, policy
+from tpusim.backend import costs, native_hooks, policy
 from tpusim.backend.program import Program
 from tpusim.backend.source import user_source, user_source_and_print
 from tpusim.backend.state import STATE
@@ -279,7 +279,7 @@ def start(meta: dict | None = None) -> Recording:
     rec = Recording(meta={"eager_mode": get_eager_mode(), **(meta or {})})   # the mode it started in
     STATE.shim.drain_memory_log()
     STATE.shim.set_memory_log(True)
-    STATE.shim.set_native_hook(_native)
+    native_hooks.add(_native)
     _HOOK_HANDLE = register_optimizer_step_post_hook(_optimizer_hook)
     _ACTIVE = rec
     STATE.recording = True
@@ -294,7 +294,7 @@ def stop() -> Trace:
     STATE.recording = False
     with rec.lock:
         _drain_memory(rec)
-    STATE.shim.set_native_hook(None)
+    native_hooks.remove(_native)
     STATE.shim.set_memory_log(False)
     if _HOOK_HANDLE is not None:
         _HOOK_HANDLE.remove()

@@ -25,8 +25,8 @@ none of them): ``alias``, ``host``, ``resize``. Two of fusion's cuts have no
 counterpart here: ``tpusim.backend.step()`` (a ``step``) and ``torch.tpu.synchronize()`` (a
 ``sync``) only add a record while recording, with no hook this target can use; neither needs a
 flush (every host read cuts anyway), so a program calling them ends fewer windows here. The
-shim's one native-hook slot is shared with the recorder (``_NativeHooks``), so recording while
-fused sees every event too.
+shim's native events reach both the window (first) and the recorder (backend/native_hooks.py), so
+recording while fused sees every event too.
 
 **Members.** A window counts the ops fusion would put in it. Ops that cannot be traced into the
 program (random draws on the host generator, hand-written kernels, ops without lowering, views;
@@ -54,6 +54,7 @@ from collections.abc import Callable
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
+from tpusim.backend import native_hooks
 
 from tpusim.fusion import RULES, WINDOW_OPS, role_of
 from tpusim.trace import OpRecord
@@ -180,41 +181,6 @@ def grow(out: torch.Tensor, shape: tuple) -> None:
     out.set_(shim.host_alias(device))
 
 
-# ---------------------------------------------------------------- the native hook slot
-
-
-class _NativeHooks:
-    """The shim has one native-hook slot, which the recorder takes while it records and clears after.
-    The window needs every native event (a stale read otherwise), so while it is installed it owns the
-    slot and keeps whatever the recorder sets as a second listener. (Until the shim's slot takes
-    several listeners: backend/csrc/module.cpp, backend/recorder.py.)"""
-
-    def __init__(self, listener: Callable) -> None:
-        from tpusim.backend import recorder
-        from tpusim.backend.state import STATE
-
-        self.shim = STATE.shim
-        self.listener = listener
-        self.claim = self.shim.set_native_hook
-        self.other: Callable | None = recorder._native if STATE.recording else None
-
-    def install(self) -> None:
-        self.shim.set_native_hook = self._set_other
-        self.claim(self._call)
-
-    def uninstall(self) -> None:
-        self.shim.set_native_hook = self.claim
-        self.claim(self.other)
-
-    def _set_other(self, fn: Callable | None) -> None:
-        self.other = fn
-
-    def _call(self, kind: str, a: torch.Tensor, b: torch.Tensor | None) -> None:
-        self.listener(kind, a, b)
-        if self.other is not None:
-            self.other(kind, a, b)
-
-
 # ---------------------------------------------------------------- the window
 
 
@@ -227,7 +193,6 @@ class Window:
         self._described: dict[tuple, tuple] = {}              # op signature -> (output shapes, cut)
         self._host_cuts: dict[tuple, str | None] = {}
         self._specs: dict[tuple, tuple | None] = {}
-        self._hooks: _NativeHooks | None = None
         self._step_hook = None
         self._clear()
 
@@ -247,14 +212,11 @@ class Window:
     # ------------------------------------------------------------ hooks
 
     def install(self) -> None:
-        self._hooks = _NativeHooks(self._native)
-        self._hooks.install()
+        native_hooks.add(self._native, first=True)
         self._step_hook = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: self.cut("step"))
 
     def uninstall(self) -> None:
-        if self._hooks is not None:
-            self._hooks.uninstall()
-            self._hooks = None
+        native_hooks.remove(self._native)
         if self._step_hook is not None:
             self._step_hook.remove()
             self._step_hook = None

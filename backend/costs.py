@@ -1,9 +1,11 @@
-"""Cost rules per op family: which TPU unit runs an op, its FLOPs, transcendentals and bytes.
+"""Cost rules per op family: an op's FLOPs, transcendentals and bytes (its unit comes with its family).
 
-Families: matmuls and convolutions (implicit GEMM) on the MXU; gathers/scatters/embeddings on
-the SparseCore; copies and concatenation on DMA; everything else elementwise or reduction on the
-VPU, with transcendental counts (exp, log, tanh, ...) for the ops that need them. Adding an op's
-rule = one entry in one of the tables below (or one function in ``_MXU`` / ``_SPARSE``).
+What an op is (its family: contraction, attention, gather/scatter, data movement, reduction,
+elementwise, opaque) is tpusim/ops.py's table; this module only counts the work. Contractions
+and attention (MXU) and gathers/scatters (SparseCore) have one formula per op from its shapes
+(``_MXU``, ``_SPARSE``); data movement is DMA work with no arithmetic; the rest is counted per
+element on the VPU, with transcendental counts (exp, log, tanh, ...) for the ops that need them.
+Adding an op's rule = one entry in one of the tables below.
 Bytes are logical (numel x itemsize) of the tensors an op reads and writes; gathers read only
 the rows they fetch, not the whole table.
 """
@@ -16,15 +18,21 @@ from dataclasses import dataclass
 
 import torch
 
+from tpusim.ops import FOREACH_PREFIX, Family, base_name, family_of, unit_of
+
 
 @dataclass(frozen=True)
 class Cost:
-    unit: str
+    family: Family
     flops: float = 0.0
     transcendentals: float = 0.0
     matmul: tuple[int, int, int, int] | None = None
     bytes_read: float | None = None      # None: all inputs
     bytes_written: float | None = None   # None: all outputs
+
+    @property
+    def unit(self) -> str:
+        return unit_of(self.family)
 
 
 def nbytes(t: torch.Tensor) -> int:
@@ -41,39 +49,39 @@ def _mm(ins: list, outs: list, args: tuple) -> Cost:
     a, b = args[0], args[1]
     m, k = a.shape
     n = b.shape[1]
-    return Cost("mxu", 2.0 * m * k * n, matmul=(1, m, k, n))
+    return Cost(Family.CONTRACTION, 2.0 * m * k * n, matmul=(1, m, k, n))
 
 
 def _addmm(ins: list, outs: list, args: tuple) -> Cost:
     a, b = args[1], args[2]
     m, k = a.shape
     n = b.shape[1]
-    return Cost("mxu", 2.0 * m * k * n + m * n, matmul=(1, m, k, n))
+    return Cost(Family.CONTRACTION, 2.0 * m * k * n + m * n, matmul=(1, m, k, n))
 
 
 def _bmm(ins: list, outs: list, args: tuple) -> Cost:
     a, b = args[0], args[1]
     bt, m, k = a.shape
     n = b.shape[2]
-    return Cost("mxu", 2.0 * bt * m * k * n, matmul=(bt, m, k, n))
+    return Cost(Family.CONTRACTION, 2.0 * bt * m * k * n, matmul=(bt, m, k, n))
 
 
 def _baddbmm(ins: list, outs: list, args: tuple) -> Cost:
     a, b = args[1], args[2]
     bt, m, k = a.shape
     n = b.shape[2]
-    return Cost("mxu", 2.0 * bt * m * k * n + bt * m * n, matmul=(bt, m, k, n))
+    return Cost(Family.CONTRACTION, 2.0 * bt * m * k * n + bt * m * n, matmul=(bt, m, k, n))
 
 
 def _mv(ins: list, outs: list, args: tuple) -> Cost:
     a = args[0] if args[0].dim() == 2 else args[1]
     m, k = a.shape
-    return Cost("mxu", 2.0 * m * k, matmul=(1, m, k, 1))
+    return Cost(Family.CONTRACTION, 2.0 * m * k, matmul=(1, m, k, 1))
 
 
 def _dot(ins: list, outs: list, args: tuple) -> Cost:
     k = args[0].numel()
-    return Cost("mxu", 2.0 * k, matmul=(1, 1, k, 1))
+    return Cost(Family.CONTRACTION, 2.0 * k, matmul=(1, 1, k, 1))
 
 
 def _conv_dims(inp: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, transposed: bool,
@@ -95,7 +103,7 @@ def _conv(ins: list, outs: list, args: tuple) -> Cost:
     inp, weight = args[0], args[1]
     transposed, groups = bool(args[6]), int(args[8])
     g, m, k, n = _conv_dims(inp, weight, outs[0], transposed, groups)
-    return Cost("mxu", 2.0 * g * m * k * n, matmul=(g, m, k, n))
+    return Cost(Family.CONTRACTION, 2.0 * g * m * k * n, matmul=(g, m, k, n))
 
 
 def _conv_backward(ins: list, outs: list, args: tuple) -> Cost:
@@ -105,7 +113,7 @@ def _conv_backward(ins: list, outs: list, args: tuple) -> Cost:
     out_like = grad_out
     g, m, k, n = _conv_dims(inp, weight, out_like, transposed, groups)
     gemms = int(bool(mask[0])) + int(bool(mask[1]))
-    return Cost("mxu", 2.0 * g * m * k * n * gemms, matmul=(g * max(gemms, 1), m, k, n))
+    return Cost(Family.CONTRACTION, 2.0 * g * m * k * n * gemms, matmul=(g * max(gemms, 1), m, k, n))
 
 
 def _sdpa(ins: list, outs: list, args: tuple) -> Cost:
@@ -113,7 +121,7 @@ def _sdpa(ins: list, outs: list, args: tuple) -> Cost:
     *lead, s, d = q.shape
     t, dv = k.shape[-2], v.shape[-1]
     bh = _numel(lead)
-    return Cost("mxu", 2.0 * bh * s * t * (d + dv) + 5.0 * bh * s * t, transcendentals=float(bh * s * t),
+    return Cost(Family.ATTENTION, 2.0 * bh * s * t * (d + dv) + 5.0 * bh * s * t, transcendentals=float(bh * s * t),
                 matmul=(bh, s, d, t))
 
 
@@ -122,8 +130,8 @@ def _sdpa_backward(ins: list, outs: list, args: tuple) -> Cost:
     *lead, s, d = q.shape
     t, dv = k.shape[-2], v.shape[-1]
     bh = _numel(lead)
-    return Cost("mxu", 2.0 * 2.0 * bh * s * t * (d + dv) + 5.0 * bh * s * t, transcendentals=float(bh * s * t),
-                matmul=(4 * bh, s, d, t))
+    return Cost(Family.ATTENTION, 2.0 * 2.0 * bh * s * t * (d + dv) + 5.0 * bh * s * t,
+                transcendentals=float(bh * s * t), matmul=(4 * bh, s, d, t))
 
 
 _MXU: dict[str, Callable[[list, list, tuple], Cost]] = {
@@ -144,7 +152,7 @@ def _gather_like(ins: list, outs: list, args: tuple) -> Cost:
     """Reads the fetched rows (= the output) and the indices, writes the output."""
     out = sum(nbytes(o) for o in outs if o is not None)
     index = sum(nbytes(t) for t in ins if t.dtype in (torch.int64, torch.int32))
-    return Cost("sparsecore", 0.0, bytes_read=out + index, bytes_written=out)
+    return Cost(Family.GATHER_SCATTER, 0.0, bytes_read=out + index, bytes_written=out)
 
 
 def _embedding_bag(ins: list, outs: list, args: tuple) -> Cost:
@@ -152,7 +160,7 @@ def _embedding_bag(ins: list, outs: list, args: tuple) -> Cost:
     dim = weight.shape[1]
     looked_up = indices.numel() * dim
     index = sum(nbytes(t) for t in ins if t.dtype in (torch.int64, torch.int32))
-    return Cost("sparsecore", float(looked_up), bytes_read=looked_up * weight.element_size() + index,
+    return Cost(Family.GATHER_SCATTER, float(looked_up), bytes_read=looked_up * weight.element_size() + index,
                 bytes_written=nbytes(outs[0]))
 
 
@@ -162,7 +170,7 @@ def _scatter_like(ins: list, outs: list, args: tuple) -> Cost:
     index = sum(nbytes(t) for t in ins if t.dtype in (torch.int64, torch.int32))
     moved = sum(nbytes(t) for t in src) if src else sum(nbytes(o) for o in outs if o is not None)
     elems = sum(t.numel() for t in src)
-    return Cost("sparsecore", float(elems), bytes_read=moved + index, bytes_written=moved)
+    return Cost(Family.GATHER_SCATTER, float(elems), bytes_read=moved + index, bytes_written=moved)
 
 
 _SPARSE: dict[str, Callable[[list, list, tuple], Cost]] = {
@@ -178,18 +186,9 @@ _SPARSE: dict[str, Callable[[list, list, tuple], Cost]] = {
     "_unsafe_index_put": _scatter_like, "embedding_renorm": _scatter_like,
 }
 
-# ---------------------------------------------------------------- DMA: data movement
-
-_DMA = frozenset({"copy", "_copy_from", "_copy_from_and_resize", "clone", "_to_copy", "cat", "stack",
-                  "fill", "zero", "zeros_like", "constant_pad_nd", "repeat", "flip", "roll", "narrow_copy",
-                  "split_with_sizes_copy", "unbind_copy", "as_strided_copy", "expand_copy", "permute_copy",
-                  "tril", "triu", "lift_fresh_copy", "alias_copy", "view_copy", "_reshape_copy"})
-
-
-
-def is_data_movement(name: str) -> bool:
-    """Copies, fills and concatenations: DMA work, no arithmetic."""
-    return base_name(name) in _DMA
+# Ops whose cost depends on their shapes and arguments (one formula each); every key is a contraction,
+# attention or gather/scatter op in tpusim.ops (tests/test_ops.py checks it).
+_SHAPED: dict[str, Callable[[list, list, tuple], Cost]] = {**_MXU, **_SPARSE}
 
 
 # ---------------------------------------------------------------- VPU: elementwise and reductions
@@ -215,46 +214,26 @@ _FLOPS_PER_ELEMENT: dict[str, float] = {
     "_log_softmax": 5, "_softmax_backward_data": 4, "_log_softmax_backward_data": 4, "addcmul": 2,
     "addcdiv": 2, "lerp": 3, "mse_loss": 3, "_fused_adam": 16, "_fused_adamw": 17,
 }
-_REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "var", "std", "var_mean", "std_mean",
-                         "norm", "linalg_vector_norm", "prod", "argmax", "argmin", "logsumexp", "all", "any",
-                         "nll_loss_forward", "nll_loss2d_forward", "cumsum", "cumprod", "_softmax",
-                         "_log_softmax", "native_layer_norm", "native_batch_norm", "_native_batch_norm_legit",
-                         "mse_loss", "binary_cross_entropy_with_logits", "count_nonzero", "aminmax"})
-
-
-def base_name(name: str) -> str:
-    """"aten::add_" -> "add" (in-place and out variants share a rule)."""
-    short = name[6:] if name.startswith("aten::") else name
-    if short.endswith("_") and not short.endswith("__"):
-        short = short[:-1]
-    return short
-
-
 def op_cost(name: str, ins: list[torch.Tensor], outs: list[torch.Tensor], args: tuple) -> Cost:
     """The cost of one op from its (device) inputs, outputs and arguments."""
+    family = family_of(name)
     short = base_name(name)
-    rule = _MXU.get(short)
+    rule = _SHAPED.get(short)
     if rule is not None:
         try:
             return rule(ins, outs, args)
         except (AttributeError, IndexError, TypeError, ValueError):
-            return Cost("mxu")
-    rule = _SPARSE.get(short)
-    if rule is not None:
-        try:
-            return rule(ins, outs, args)
-        except (AttributeError, IndexError, TypeError, ValueError):
-            return Cost("sparsecore")
-    if short in _DMA or short.startswith("_foreach_copy"):
-        return Cost("dma")
-    if short in _REDUCTIONS:
+            return Cost(family)                 # no counted work: fusion runs it alone
+    if family in (Family.DATA_MOVEMENT, Family.GATHER_SCATTER):
+        return Cost(family)
+    if family == Family.REDUCTION:
         elements = max((t.numel() for t in ins), default=0)
     else:
         elements = max((t.numel() for t in outs if t is not None), default=0)
         if not elements:
             elements = max((t.numel() for t in ins), default=0)
-    if short.startswith("_foreach_"):
+    if short.startswith(FOREACH_PREFIX):
         elements = sum(t.numel() for t in outs if t is not None) or sum(t.numel() for t in ins)
-        short = short[len("_foreach_"):]
+        short = short[len(FOREACH_PREFIX):]
     flops = elements * _FLOPS_PER_ELEMENT.get(short, 1.0)
-    return Cost("vpu", float(flops), float(elements * _TRANSCENDENTAL.get(short, 0.0)))
+    return Cost(family, float(flops), float(elements * _TRANSCENDENTAL.get(short, 0.0)))

@@ -13,6 +13,8 @@ import warnings
 
 import torch
 
+from tpusim.ops import Family, family_of
+
 NON_NATIVE_DTYPES = frozenset({torch.float64, torch.complex32, torch.complex64, torch.complex128})
 _SEEN: set[str] = set()
 
@@ -28,11 +30,10 @@ def non_native_ops() -> list[str]:
 
 def non_native(op_name: str, inputs: list[torch.Tensor]) -> None:
     """Apply the policy to one op with float64/complex tpu inputs (or dtype argument)."""
-    from tpusim.backend.costs import is_data_movement
     from tpusim.backend.source import user_source_and_print
     from tpusim.backend.state import STATE
 
-    if is_data_movement(op_name):   # filling/copying float64 is not arithmetic: allowed in every mode
+    if family_of(op_name) == Family.DATA_MOVEMENT:   # filling/copying float64 is not arithmetic: allowed in every mode
         return
     mode = STATE.config.f64 if STATE.config is not None else "warn"
     where, printing = user_source_and_print()

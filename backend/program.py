@@ -25,6 +25,8 @@ import torch.fx
 from tpusim.backend import costs
 from tpusim.backend.source import is_internal_file
 
+from tpusim.ops import Family
+
 
 @dataclass(frozen=True)
 class ProgramValue:
@@ -132,7 +134,7 @@ def _op(b: _Builder, node: torch.fx.Node, fakes: list[torch.Tensor | None]) -> P
     try:
         cost = costs.op_cost(name, ins, outs, args if isinstance(args, tuple) else (args,))
     except Exception:  # a cost rule must never break the user's program
-        cost = costs.Cost("vpu")
-    if cost.unit == "dma":      # inside XLA a copy/convert/concat is elementwise work, fused with its neighbours
-        cost = costs.Cost("vpu", float(sum(f.numel() for f in outs)))
+        cost = costs.Cost(Family.ELEMENTWISE)
+    if cost.family == Family.DATA_MOVEMENT:     # inside XLA a copy/convert/concat is elementwise work, fused
+        cost = costs.Cost(Family.ELEMENTWISE, float(sum(f.numel() for f in outs)))
     return ProgramOp(name, reads, writes, cost, _source(node))

@@ -37,6 +37,7 @@ from tpusim.backend.program import Program
 from tpusim.backend.source import user_source, user_source_and_print
 from tpusim.backend.state import STATE
 
+from tpusim.ops import Family
 from tpusim.trace import (
     CollectiveRecord,
     HostRecord,
@@ -117,7 +118,7 @@ def record_op(op: object, name: str, inputs: list[torch.Tensor], out: object, ar
     try:
         cost = costs.op_cost(name, inputs, outs, args)
     except Exception:  # a cost rule must never break the user's program
-        cost = costs.Cost("vpu")
+        cost = costs.Cost(Family.ELEMENTWISE)
     source = user_source()
     with rec.lock:
         _drain_memory(rec)
@@ -131,7 +132,7 @@ def _op_record(name: str, cost: costs.Cost, ins: tuple[TensorMeta, ...], outs: t
     written = cost.bytes_written if cost.bytes_written is not None else sum(m.nbytes for m in outs)
     dtype = (outs or ins)[0].dtype if (outs or ins) else "float32"
     return OpRecord(0, name, cost.unit, dtype, ins, outs, cost.flops, cost.transcendentals, float(read),
-                    float(written), cost.matmul, source, program=program)
+                    float(written), cost.matmul, source, program=program, family=cost.family)
 
 
 def record_program(program: Program, inputs: list, outputs: list) -> None:

@@ -122,7 +122,7 @@ def bench_network_event_rate() -> None:
 
 def bench_engine_event_rate() -> None:
     """The engine replaying a synthetic SPMD training step: ops and an overlapping gradient all-reduce."""
-    from tpusim.engine import simulate
+    from tpusim.pricing import price
     from tpusim.trace import CollectiveRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
 
     def t(i):
@@ -143,7 +143,7 @@ def bench_engine_event_rate() -> None:
     _clear_caches()
     with _Counting() as counter:
         t0 = time.perf_counter()
-        tl = simulate(trace, s)
+        tl = price(trace, topology=s)
         wall = time.perf_counter() - t0
     print(f"engine, 20 steps x (200 matmuls + 256 MiB async all-reduce) on 8x8x8: {len(records)} records, "
           f"{counter.count} events in {wall:.2f} s = {counter.count / wall:,.0f} events/s "

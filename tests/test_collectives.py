@@ -579,7 +579,7 @@ def test_pricing_a_trace_is_the_same_with_and_without_fast_forward():
     # an FSDP x TP step on 4x4x4 (mesh fsdp=32, tp=2): async gathers and scatters overlap the TP
     # all-reduces and each other; whatever is fast-forwarded, the timeline is a full simulation's
     from tpusim.collectives import fastforward
-    from tpusim.engine import STRICT, simulate
+    from tpusim.pricing import price
     from tpusim.trace import CollectiveRecord, HostRecord, OpRecord, TensorMeta, Trace, renumber
 
     s = build_slice("3d:4x4x4")
@@ -605,7 +605,7 @@ def test_pricing_a_trace_is_the_same_with_and_without_fast_forward():
         fastforward.clear()
         fastforward.ENABLED = enabled
         try:
-            runs[enabled] = simulate(trace, s, policy=STRICT)
+            runs[enabled] = price(trace, topology=s, mode="strict")
         finally:
             fastforward.ENABLED = True
     fast, full = runs[True], runs[False]

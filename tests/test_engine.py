@@ -4,9 +4,10 @@ import dataclasses
 
 import pytest
 
+from tpusim import engine
 from tpusim.collectives import closed_form_time
-from tpusim.engine import DEBUG, QueuePolicy, simulate
 from tpusim.errors import TpusimError
+from tpusim.plan import raw_plan
 from tpusim.spec import load_chip
 from tpusim.topology import build_slice
 from tpusim.trace import (
@@ -22,6 +23,11 @@ from tpusim.trace import (
 
 US = 1e-6
 
+
+
+def simulate(trace, slice_, **queue):
+    """The engine alone: the trace as recorded (no mode's compile cache, checks or fusion)."""
+    return engine.simulate(raw_plan(trace, slice_.chip, **queue), slice_)
 
 def toy_chip(**overrides):
     """Launch 1 us, HBM 1 TB/s (1 MB = 1 us), host dispatch 0.5 us, PCIe 1 GB/s (1 kB = 1 us)."""
@@ -94,15 +100,14 @@ def test_h2d_syncs_then_copies_over_pcie():
 
 
 def test_debug_policy_waits_after_every_op():
-    tl = simulate(trace(op(), op(), op()), one_chip(), policy=DEBUG)
+    tl = simulate(trace(op(), op(), op()), one_chip(), queue_depth=1, sync_each_op=True, name="debug")
     # each op: 0.5 dispatch + 2 run, nothing overlaps: 3 x 2.5 = 7.5 us.
     assert tl.total_s == pytest.approx(7.5 * US)
     assert tl.host_stall_s == pytest.approx(6 * US) and tl.policy == "debug"
 
 
 def test_full_queue_stalls_the_host():
-    shallow = QueuePolicy("shallow", queue_depth=1)
-    tl = simulate(trace(op(), op(), op(), op()), one_chip(), policy=shallow)
+    tl = simulate(trace(op(), op(), op(), op()), one_chip(), queue_depth=1)
     # device takes op1 at 0.5 (queue empty again), op2 waits in the queue from 1.0; op3 can only be
     # put when the device takes op2 at 2.5: the host stalls 1.5-2.5, then 4.5-... the total is set by
     # the device: 0.5 + 4 x 2 = 8.5 us.

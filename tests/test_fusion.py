@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from tpusim import fusion
+from tpusim import fusion, ops, windows
 from tpusim.fusion import FusedKernel, fuse
 from tpusim.pricing import price
 from tpusim.spec import load_chip
@@ -202,15 +202,15 @@ def test_in_place_chain_keeps_the_overwritten_version_on_chip():
 
 
 def test_window_size_limit_cuts_long_chains():
-    size = fusion.WINDOW_OPS + 6
+    size = windows.WINDOW_OPS + 6
     ops = [ew("add", [1], 2)] + [rec for i in range(2, size + 1) for rec in (ew("add", [i], i + 1), free(i))]
     fused = fuse(renumber(ops), toy_chip())
     ks = kernels(fused.records)
-    assert [len(k.parts) for k in ks] == [fusion.WINDOW_OPS, 6]
-    assert ks[0].op == f"fused[add+add+add+add+add+...+add]({fusion.WINDOW_OPS} ops)"
+    assert [len(k.parts) for k in ks] == [windows.WINDOW_OPS, 6]
+    assert ks[0].op == f"fused[add+add+add+add+add+...+add]({windows.WINDOW_OPS} ops)"
     assert fused.stats.cuts == {"size": 1, "end": 1}
     # The value crossing the cut (op 64's output, storage 65) leaves the first kernel.
-    assert [o.storage for o in ks[0].outputs] == [fusion.WINDOW_OPS + 1]
+    assert [o.storage for o in ks[0].outputs] == [windows.WINDOW_OPS + 1]
 
 
 def test_intermediates_over_vmem_spill_to_hbm():
@@ -227,7 +227,7 @@ def test_non_fusible_ops_run_alone_and_cut_the_window():
                    bytes_written=MB)
     copy = OpRecord(0, "aten::copy_", "dma", "float32", (t(3),), (t(4),), bytes_read=MB, bytes_written=MB)
     unpriced = OpRecord(0, "aten::mystery", "vpu", "float32", (t(4),), (t(5),))   # no cost rule: no FLOPs
-    srt = dataclasses.replace(ew("sort", [5], 6), op="aten::sort.stable")
+    srt = dataclasses.replace(ew("sort", [5], 6), op="aten::sort.stable", family="opaque")
     records = renumber([ew("mul", [1], 2), emb, copy, unpriced, srt, ew("add", [6], 7)])
     fused = fuse(records, toy_chip())
     assert [type(r) for r in fused.records] == [FusedKernel, OpRecord, OpRecord, OpRecord, OpRecord, FusedKernel]
@@ -236,7 +236,7 @@ def test_non_fusible_ops_run_alone_and_cut_the_window():
 
 
 def test_a_fusion_rule_is_one_table_entry(monkeypatch):
-    monkeypatch.setitem(fusion.ROLE_BY_OP, "add", "opaque")
+    monkeypatch.setitem(ops.FAMILY_BY_OP, "add", ops.Family.OPAQUE)   # read when the records are made
     assert [k.op for k in kernels(fuse(chain(), toy_chip()).records)] == ["aten::mul", "aten::add", "aten::relu"]
 
 
@@ -245,9 +245,6 @@ def test_step_markers_cut_windows():
     assert fuse(records, toy_chip()).stats.cuts == {"step": 1, "end": 1}
 
 
-@pytest.mark.parametrize("name", ["aten::add_.Tensor", "add.out", "aten::add"])
-def test_base_name_drops_namespace_overload_and_in_place(name):
-    assert fusion.base_name(name) == "add"
 
 
 # ---- compiled programs (OpRecord.program > 0): fused in every mode, one launch, one compile -------------------
@@ -273,7 +270,7 @@ def test_strict_fuses_a_compiled_program_and_leaves_eager_ops_alone():
 
 
 def test_a_program_is_one_window_whatever_its_size_and_opaque_ops_inside_do_not_cut_it():
-    size = fusion.WINDOW_OPS + 6
+    size = windows.WINDOW_OPS + 6
     ops = [ew("add", [1], 2)] + [rec for i in range(2, size + 1) for rec in (ew("add", [i], i + 1), free(i))]
     srt = dataclasses.replace(ew("sort", [size + 1], 500), op="aten::sort.stable")
     records = renumber(program(ops + [srt, ew("mul", [500], 501), ew("exp", [501], 502), free(500)]))

@@ -10,7 +10,8 @@ import dataclasses
 import pytest
 
 from tpusim.errors import TpusimError
-from tpusim.modes import MODES, RECORD_SHARE, get_mode
+from tpusim.modes import MODES, get_mode
+from tpusim.planning import RECORD_SHARE
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, summary_table
 from tpusim.spec import load_chip

@@ -6,7 +6,8 @@ import pytest
 
 from tpusim.errors import TpusimError
 from tpusim.lint import lint
-from tpusim.pricing import price, resolve_modes
+from tpusim.modes import resolve_modes
+from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, summary_table, write_report
 from tpusim.report.model import SCHEMA_VERSION
 from tpusim.topology import build_slice

@@ -17,8 +17,10 @@ identical across modes and an op's error surfaces at the op, not at the next syn
 on an asynchronous device. Strict and fused differ only in cost (the simulator's queue
 models); on the pjrt target fused regions really are compiled.
 
-A change of mode is a window boundary: the device records it as ``HostRecord(event="dispatch",
-reason="eager_mode:<new mode>")`` so the fusion pass never fuses across it.
+The modes themselves (names, what each does) are ``tpusim.modes``' registry. A change of mode
+is a window boundary: the device records it as ``HostRecord(event="dispatch",
+reason="eager_mode:<new mode>")`` (``tpusim.trace.MODE_CHANGE_REASON``) so fusion never fuses
+across it.
 """
 
 from __future__ import annotations
@@ -27,22 +29,15 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from tpusim.errors import TpusimError
+from tpusim.modes import DEFAULT_MODE, MODES, get_mode
+from tpusim.trace import MODE_CHANGE_REASON as CHANGE_REASON
 
-MODES = ("debug", "strict", "fused")
-CHANGE_REASON = "eager_mode:"                          # + the new mode: reason of the trace's change record
-DEFAULT_MODE = "strict"
+__all__ = ["CHANGE_REASON", "DEFAULT_MODE", "ENV", "MODES", "eager_mode", "get_eager_mode", "on_change",
+           "set_eager_mode"]
 ENV = "TPUSIM_EAGER_MODE"
 
 _mode: str | None = None                               # None until first read (then env or default)
 _listeners: list[Callable[[str, str], None]] = []
-
-
-def _checked(mode: object, where: str) -> str:
-    name = str(mode).strip().lower()
-    if name not in MODES:
-        raise TpusimError(f"unknown eager mode {mode!r}{where}; accepted: {', '.join(MODES)}")
-    return name
 
 
 def get_eager_mode() -> str:
@@ -50,7 +45,7 @@ def get_eager_mode() -> str:
     global _mode
     if _mode is None:
         raw = os.environ.get(ENV, "").strip()
-        _mode = _checked(raw, f" in {ENV}") if raw else DEFAULT_MODE
+        _mode = get_mode(raw, f" in {ENV}").name if raw else DEFAULT_MODE
     return _mode
 
 
@@ -58,7 +53,7 @@ def set_eager_mode(mode: str) -> str:
     """Switch the process to ``mode``; returns the previous mode. Listeners (the tpu device) hear
     of every real change, so the device applies it and the trace marks it."""
     global _mode
-    new = _checked(mode, "")
+    new = get_mode(mode).name
     old = get_eager_mode()
     _mode = new
     if new != old:

@@ -1,9 +1,11 @@
 """Replay a program trace on a slice as a discrete-event simulation: host, device queue, units, ICI.
 
-``simulate(trace, slice)`` runs one simpy environment holding:
+``simulate(plan, slice)`` runs a ``Plan`` (``tpusim.plan``: what an eager mode made of a trace,
+``tpusim.planning.plan``; the engine never calls back into the mode) in one simpy environment
+holding:
 
-- a **host** process per simulated chip that walks the trace in order: it pays
-  ``policy.dispatch_s`` per op or collective (``chip.host_dispatch_ns`` by default) on the
+- a **host** process per simulated chip that walks its planned stream in order: it pays the
+  plan's issue time per record (``chip.host_dispatch_ns`` per op as recorded) on the
   host timeline and puts the work into a bounded **device queue**; when the queue is full
   the host stalls ("queue_full"). A ``sync`` host record stalls the host until the device
   has drained everything issued so far (``reason == "synchronize"`` also waits for
@@ -29,193 +31,30 @@ several ranks (``--ranks all``) simulates every recorded rank; a collective then
 when the last member of its group arrives (members not in the trace are assumed on time),
 and mismatched collectives are reported with rank, seq and source line.
 
-**Policies** decide when work is issued and how ops are grouped (``QueuePolicy``:
-``prepare`` rewrites the record stream, ``plan`` does the same and returns statistics for
-``Timeline.meta``, ``dispatch_s`` prices the host side, ``queue_depth`` bounds the queue,
-``sync_each_op`` makes the host wait for each op). ``STRICT`` (asynchronous, CUDA-like) is
-the default; ``DEBUG`` waits after every op. These two are the bare queue behaviours; the
-eager modes users price (compile cache, debug checks, fusion) are in ``tpusim.modes``.
-A ``dispatch`` host record with reason ``compile`` is host time spent compiling a region:
+The plan's ``queue_depth`` bounds how far the host runs ahead and ``sync_each_op`` makes the
+host wait for each op (debug). A ``dispatch`` host record with reason ``compile`` is host time spent compiling a region:
 it is logged as kind ``compile`` and summed in ``Timeline.host_compile_s``.
 
-The result, ``Timeline``, is plain data (frozen dataclasses, tuples, dicts of numbers)
-that the report turns into JSON, HTML and Perfetto traces.
+The result, ``tpusim.timeline.Timeline``, is plain data that the report turns into JSON, HTML
+and Perfetto traces; each op event carries the ``KernelCost`` it was priced at.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import simpy
 
-from tpusim.collectives import CollectiveResult, collective_process
+from tpusim.collectives import collective_process
 from tpusim.compute import KernelCost, kernel_cost, transfer_seconds
 from tpusim.errors import TpusimError
-from tpusim.memory import HbmTracker, MemoryTimeline
-from tpusim.network import LinkStats, Network
-from tpusim.spec import ChipSpec
+from tpusim.memory import HbmTracker
+from tpusim.network import Network
+from tpusim.plan import Plan, Stream
+from tpusim.timeline import TRACKS, CollectiveRun, Event, StepTime, Timeline, union_length
 from tpusim.topology import Slice
-from tpusim.trace import (
-    CollectiveRecord,
-    HostRecord,
-    MemoryRecord,
-    OpRecord,
-    Record,
-    StepMarker,
-    Trace,
-)
-
-TRACKS = ("host", "tensorcore", "sparsecore", "ici", "pcie")
-
-
-# ---- policies ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Plan:
-    """A policy's rewritten record stream plus what it wants reported (``Timeline.meta``)."""
-
-    records: tuple[Record, ...]
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class QueuePolicy:
-    """When the host issues work and how it is grouped; subclass to add an eager mode.
-
-    ``queue_depth`` bounds how far the host may run ahead of the device (CUDA's launch
-    queue holds about 1024 kernels; it is a software choice, not a chip constant).
-    """
-
-    name: str = "strict"
-    queue_depth: int = 1024
-    sync_each_op: bool = False
-
-    def prepare(self, records: Sequence[Record], chip: ChipSpec) -> Sequence[Record]:
-        """Rewrite the record stream before simulation (a fusing mode groups ops here)."""
-        return records
-
-    def plan(self, records: Sequence[Record], chip: ChipSpec) -> Plan:
-        """``prepare`` plus statistics for ``Timeline.meta`` (a mode's compile cache, its fusion)."""
-        return Plan(tuple(self.prepare(records, chip)))
-
-    def dispatch_s(self, record: Record, chip: ChipSpec) -> float:
-        """Host time to issue one record."""
-        if isinstance(record, OpRecord | CollectiveRecord):
-            return chip.host_dispatch_ns / 1e9
-        if isinstance(record, HostRecord) and record.event == "dispatch":
-            return record.seconds
-        return 0.0
-
-    def cost(self, op: OpRecord, chip: ChipSpec) -> KernelCost:
-        """Device time of one op (a fusing mode may price fused kernels differently)."""
-        return kernel_cost(op, chip)
-
-
-STRICT = QueuePolicy("strict")
-DEBUG = QueuePolicy("debug", queue_depth=1, sync_each_op=True)
-
-
-# ---- results ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Event:
-    """One interval on one track of one chip. ``kind`` says what filled it:
-    op, collective, wait (device blocked on a collective or async work), dispatch,
-    stall (host waiting for the device), transfer (host<->device copy), host (explicit host time),
-    compile (host compiling a region on a compile-cache miss)."""
-
-    start_s: float
-    end_s: float
-    track: str
-    chip: int
-    name: str
-    kind: str
-    bytes: float = 0.0
-    flops: float = 0.0
-    source: str = ""
-    seq: int = -1
-    bound: str = ""           # ops: what limited the kernel (compute.BOUNDS); stalls: the reason
-
-    @property
-    def seconds(self) -> float:
-        return self.end_s - self.start_s
-
-
-@dataclass(frozen=True)
-class StepTime:
-    """A training step: from the previous step's end (or 0) until all its device work is done."""
-
-    step: int
-    start_s: float
-    end_s: float
-
-    @property
-    def seconds(self) -> float:
-        return self.end_s - self.start_s
-
-
-@dataclass(frozen=True)
-class CollectiveRun:
-    """One collective as it ran: when, issued from where, and what the network said about it."""
-
-    seq: int
-    chip: int
-    kind: str
-    rank_bytes: int           # this rank's input buffer, as recorded
-    group_size: int
-    async_op: bool
-    issued_s: float           # when the chip's device queue reached it
-    start_s: float            # when it started (later than issued_s when MPMD ranks arrive late)
-    end_s: float
-    source: str
-    result: CollectiveResult
-
-
-@dataclass(frozen=True)
-class Timeline:
-    """What ``simulate`` returns: every event plus the totals a report needs."""
-
-    events: tuple[Event, ...]
-    total_s: float
-    steps: tuple[StepTime, ...]
-    busy_s: dict[str, float]              # track -> busy time (union of its intervals; mean over chips)
-    time_by_bound: dict[str, float]       # device op time by limiting term (mxu, hbm, launch, ...)
-    host_dispatch_s: float
-    host_stall_s: float
-    host_transfer_s: float
-    collectives: tuple[CollectiveRun, ...]
-    memory: dict[int, MemoryTimeline]     # chip -> HBM live bytes
-    link_stats: LinkStats | None          # per ICI/DCN channel; None when nothing used the network
-    chips_simulated: tuple[int, ...]
-    world_size: int
-    symmetric: bool                       # True: one chip stood for every rank (SPMD)
-    policy: str
-    kernels: int
-    meta: dict[str, Any] = field(default_factory=dict)   # the policy's Plan.meta (first simulated chip)
-    host_compile_s: float = 0.0                          # host time compiling regions (compile-cache misses)
-
-    @property
-    def peak_hbm_bytes(self) -> int:
-        return max((m.peak_bytes for m in self.memory.values()), default=0)
-
-    @property
-    def collective_exposed_s(self) -> float:
-        """Device time spent waiting for collectives (per simulated chip, averaged)."""
-        waits = sum(e.seconds for e in self.events if e.kind == "wait" and e.bound == "collective")
-        return waits / max(1, len(self.chips_simulated))
-
-    @property
-    def collective_s(self) -> float:
-        """Time some collective was running (union over all collectives, per simulated chip, averaged)."""
-        return self.busy_s.get("ici", 0.0)
-
-    @property
-    def hbm_bytes_moved(self) -> float:
-        """HBM bytes read + written by all kernels (per simulated chip, averaged)."""
-        return sum(e.bytes for e in self.events if e.kind == "op") / max(1, len(self.chips_simulated))
-
-    def events_on(self, track: str, chip: int | None = None) -> list[Event]:
-        return [e for e in self.events if e.track == track and (chip is None or e.chip == chip)]
+from tpusim.trace import CollectiveRecord, HostRecord, MemoryRecord, OpRecord, Record, StepMarker
 
 
 # ---- the simulation ---------------------------------------------------------------------------
@@ -265,24 +104,22 @@ class _Rendezvous:
 
 
 class _Sim:
-    def __init__(self, trace: Trace, slice: Slice, policy: QueuePolicy, chunk_bytes: int | None) -> None:
+    def __init__(self, plan: Plan, slice: Slice, chunk_bytes: int | None) -> None:
         self.env = simpy.Environment()
         self.slice = slice
         self.chip = slice.chip
-        self.policy = policy
+        self.plan = plan
         self.chunk_bytes = chunk_bytes
-        self.world = trace.world_size
+        self.world = plan.world_size
         if self.world > slice.total_chips:
             raise TpusimError(f"the trace was recorded with world size {self.world} but topology "
                               f"{slice.spec} has {slice.total_chips} chips: use a larger --topology")
-        ranks = sorted({r.rank for r in trace.records}) or [trace.rank]
-        self.symmetric = len(ranks) == 1
+        self.symmetric = plan.symmetric
         self.events: list[Event] = []
         self.collectives: list[CollectiveRun] = []
         self.network: Network | None = None
         self.rendezvous = _Rendezvous(self.env)
-        self.runners = [_Chip(self, rank, [r for r in trace.records if r.rank == rank] if not self.symmetric
-                              else list(trace.records)) for rank in ranks]
+        self.runners = [_Chip(self, rank, stream) for rank, stream in plan.streams.items()]
 
     # ---- network ----
     def net(self) -> Network:
@@ -345,7 +182,7 @@ class _Sim:
                 spans.setdefault((e.track, e.chip), []).append((e.start_s, e.end_s))
         busy: dict[str, float] = {}
         for (track, _chip), intervals in sorted(spans.items()):
-            busy[track] = busy.get(track, 0.0) + _union_length(sorted(intervals)) / len(self.runners)
+            busy[track] = busy.get(track, 0.0) + union_length(sorted(intervals)) / len(self.runners)
         by_bound: dict[str, float] = {}
         for e in events:
             if e.kind == "op":
@@ -368,37 +205,21 @@ class _Sim:
             collectives=tuple(sorted(self.collectives, key=lambda c: (c.start_s, c.chip, c.seq))),
             memory={c.rank: c.hbm.result() for c in self.runners}, link_stats=link_stats,
             chips_simulated=tuple(c.rank for c in self.runners), world_size=self.world,
-            symmetric=self.symmetric, policy=self.policy.name,
+            symmetric=self.symmetric, policy=self.plan.mode,
             kernels=sum(1 for e in events if e.kind == "op"), meta=dict(rep.meta),
             host_compile_s=host_sum("compile"))
-
-
-def _union_length(spans: list[tuple[float, float]]) -> float:
-    """Total length covered by sorted (start, end) intervals."""
-    total, cur_start, cur_end = 0.0, None, None
-    for s, e in spans:
-        if cur_end is None or s > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = s, e
-        else:
-            cur_end = max(cur_end, e)
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total
 
 
 class _Chip:
     """Host + device of one simulated chip."""
 
-    def __init__(self, sim: _Sim, rank: int, records: list[Record]) -> None:
+    def __init__(self, sim: _Sim, rank: int, stream: Stream) -> None:
         self.sim = sim
         self.env = sim.env
         self.rank = rank
-        plan = sim.policy.plan(records, sim.chip)
-        self.records = plan.records
-        self.meta = plan.meta
-        self.queue = simpy.Store(self.env, capacity=max(1, sim.policy.queue_depth))
+        self.stream = stream
+        self.meta = sim.plan.meta
+        self.queue = simpy.Store(self.env, capacity=max(1, sim.plan.queue_depth))
         self.sparsecore = simpy.Resource(self.env, capacity=1)
         self.hbm = HbmTracker(sim.chip.hbm_bytes)
         self.pending: dict[int, simpy.Event] = {}       # storage id -> completion of async work on it
@@ -416,26 +237,26 @@ class _Chip:
 
     # ---- host ----
     def host(self):
-        env, chip, policy = self.env, self.sim.chip, self.sim.policy
-        for rec in self.records:
+        env, chip, plan = self.env, self.sim.chip, self.sim.plan
+        for rec, issue_s in zip(self.stream.records, self.stream.dispatch_s):
             if isinstance(rec, MemoryRecord):
                 self.hbm.apply(rec, env.now)
             elif isinstance(rec, OpRecord | CollectiveRecord):
-                yield from self._dispatch(rec, policy.dispatch_s(rec, chip))
+                yield from self._dispatch(rec, issue_s)
                 if isinstance(rec, OpRecord):
-                    item = _Item("op", rec, cost=policy.cost(rec, chip))
+                    item = _Item("op", rec, cost=kernel_cost(rec, chip))
                 else:
                     item = _Item("collective", rec)
-                item.done = env.event() if policy.sync_each_op else None
+                item.done = env.event() if plan.sync_each_op else None
                 yield from self._put(item)
                 if item.done is not None:
                     start = env.now
                     yield item.done
-                    self.log(start, "host", f"wait:{_name(rec)}", "stall", rec, bound=policy.name)
+                    self.log(start, "host", f"wait:{_name(rec)}", "stall", rec, bound=plan.mode)
             elif isinstance(rec, HostRecord):
                 if rec.event == "dispatch":
                     kind = "compile" if rec.reason == "compile" else "host"
-                    yield from self._dispatch(rec, policy.dispatch_s(rec, chip), kind=kind)
+                    yield from self._dispatch(rec, issue_s, kind=kind)
                     continue
                 start = env.now
                 fence = _Item("fence", rec, done=env.event(),
@@ -480,7 +301,7 @@ class _Chip:
                     start = env.now
                     yield env.timeout(cost.seconds)
                     self.log(start, "tensorcore", rec.op, "op", rec, bytes=cost.bytes, flops=cost.flops,
-                             bound=cost.bound)
+                             bound=cost.bound, cost=cost)
             elif item.what == "collective":
                 yield from self._wait_deps(rec)
                 group = self.sim.group_of(rec)
@@ -535,7 +356,7 @@ class _Chip:
             start = self.env.now
             yield self.env.timeout(cost.seconds)
             self.log(start, "sparsecore", rec.op, "op", rec, bytes=cost.bytes, flops=cost.flops,
-                     bound=cost.bound)
+                     bound=cost.bound, cost=cost)
 
     def _collective(self, rec: CollectiveRecord, group: tuple[int, ...]):
         sim, env = self.sim, self.env
@@ -577,7 +398,7 @@ def _name(rec: Record | None) -> str:
     return type(rec).__name__ if rec is not None else ""
 
 
-def simulate(trace: Trace, slice: Slice, *, chunk_bytes: int | None = None,
-             policy: QueuePolicy = STRICT) -> Timeline:
-    """Replay ``trace`` on ``slice`` under ``policy``; see the module docstring for the model."""
-    return _Sim(trace, slice, policy, chunk_bytes).run()
+def simulate(plan: Plan, slice: Slice, *, chunk_bytes: int | None = None) -> Timeline:
+    """Run ``plan`` (an eager mode's plan of a trace: ``tpusim.planning.plan``) on ``slice``; see the
+    module docstring for the model."""
+    return _Sim(plan, slice, chunk_bytes).run()

@@ -13,10 +13,13 @@ turns it into the Fused eager policy.
 - collectives: they stay their own kernels (the network prices them);
 - non-fusible ops (role ``opaque``): SparseCore and DMA work, ops the backend had no cost
   rule for (no FLOPs, no transcendentals: we do not know what they do), and the names
-  listed as opaque in ``ROLE_BY_OP`` (sorts, data-dependent shapes);
+  of the opaque family in ``tpusim.ops`` (sorts, data-dependent shapes);
 - step markers (a step's end is a natural flush point and keeps steps comparable);
 - a change of eager mode (``mode``): what was recorded in the old mode runs as it was;
 - ``WINDOW_OPS`` ops.
+
+Where a window ends is ``tpusim.windows.WindowCutter``'s decision (the PJRT fused target asks
+the same cutter, so both make the same windows).
 
 **Grouping.** Within a window, ops are taken in program order and grouped by data
 dependence (which write of which storage id each input reads). An op joins the kernel(s)
@@ -64,7 +67,7 @@ kernels go through HBM, as between XLA fusions. The program is launched once: on
 ``dispatch`` host record (reason ``PROGRAM_REASON``) of one op's dispatch time, and its
 kernels cost no host time of their own (``tpusim.modes``).
 
-Adding a fusion rule = one entry in ``ROLE_BY_OP`` (what an op is) or ``RULES`` (what a
+Adding a fusion rule = one row in ``tpusim.ops.FAMILY_BY_OP`` (what an op is) or ``RULES`` (what a
 role may fuse with).
 """
 
@@ -78,18 +81,20 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tpusim.eager import CHANGE_REASON
+from tpusim.ops import base_name, fusion_role
 from tpusim.spec import ChipSpec
-from tpusim.trace import CollectiveRecord, HostRecord, MemoryRecord, OpRecord, Record, StepMarker, TensorMeta
+from tpusim.trace import (
+    MODE_CHANGE_REASON,
+    CollectiveRecord,
+    HostRecord,
+    MemoryRecord,
+    OpRecord,
+    Record,
+    StepMarker,
+    TensorMeta,
+)
+from tpusim.windows import WindowCutter
 
-# Ops a window may hold. Large enough for an optimizer step: PyTorch's default (foreach)
-# optimizers run each update stage for every parameter before the next stage, so one
-# parameter's chain (lerp, mul, addcmul, sqrt, div, addcdiv...) spans params x stages ops,
-# ~250 for 50 parameters x 5 stages; at 64 such chains are cut and barely fuse. Small enough to
-# bound what a window costs: the device waits while the host records it (256 x ~7.5 us ~ 2 ms,
-# hidden behind the previous window's kernels in a long step), the grouping pass is quadratic
-# in the window, and a window is the largest region the compile cache keys on.
-WINDOW_OPS = 256
 WINDOW_REASON = "fused_window"   # HostRecord reason of the host time spent recording a window
 PROGRAM_REASON = "program_launch"  # HostRecord reason of a compiled program's one launch
 MAX_NAME_PARTS = 6               # a kernel name lists at most this many op names
@@ -110,37 +115,11 @@ RULES: dict[str, Rule] = {
     "contraction": Rule(anchor=True, takes_producers=False),
     "opaque": Rule(fusible=False, takes_producers=False),
 }
-ROLE_BY_UNIT = {"vpu": "elementwise", "mxu": "contraction", "sparsecore": "opaque", "dma": "opaque"}
-# Base op name (no "aten::", overload or trailing "_") -> role, where the unit's default is wrong.
-ROLE_BY_OP: dict[str, str] = {
-    **dict.fromkeys((
-        "sum", "mean", "amax", "amin", "max", "min", "aminmax", "var", "std", "var_mean", "std_mean", "norm",
-        "linalg_vector_norm", "prod", "argmax", "argmin", "logsumexp", "all", "any", "count_nonzero",
-        "cumsum", "cumprod", "_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
-        "native_layer_norm", "native_layer_norm_backward", "native_batch_norm", "native_batch_norm_backward",
-        "_native_batch_norm_legit", "native_group_norm", "native_group_norm_backward", "_fused_rms_norm",
-        "nll_loss_forward", "nll_loss2d_forward", "mse_loss", "binary_cross_entropy_with_logits",
-    ), "reduction"),
-    **dict.fromkeys((
-        "sort", "argsort", "topk", "kthvalue", "median", "nanmedian", "mode", "nonzero", "unique",
-        "_unique2", "unique_consecutive", "multinomial", "randperm", "_local_scalar_dense",
-    ), "opaque"),
-}
-
-
-def base_name(op: str) -> str:
-    """"aten::add_.Tensor" -> "add": in-place, out and overload variants share a role."""
-    short = op.removeprefix("aten::").split(".")[0]
-    if short.endswith("_") and not short.endswith("__"):
-        short = short[:-1]
-    return short
 
 
 def role_of(op: OpRecord) -> str:
-    """The fusion role of one op (a key of ``RULES``)."""
-    if op.unit not in ("vpu", "mxu") or (op.flops == 0 and op.transcendentals == 0):
-        return "opaque"
-    return ROLE_BY_OP.get(base_name(op.op), ROLE_BY_UNIT[op.unit])
+    """The fusion role of one op (a key of ``RULES``), from its recorded family and cost."""
+    return fusion_role(op.family, op.unit, op.flops, op.transcendentals)
 
 
 @dataclass(frozen=True)
@@ -381,6 +360,7 @@ def _kernel(records: Sequence[Record], flow: _Dataflow, members: list[int], end:
                 kept_writes += t.nbytes
     kept = set(produced) - leaving - spilled
     anchor = next((q for q in parts if role_of(q) == "contraction"), None)
+    reduction = next((q for q in parts if role_of(q) == "reduction"), None)
     first = parts[0]
     record = FusedKernel(
         seq=first.seq, op=_kernel_name(parts), unit="mxu" if anchor else "vpu",
@@ -389,7 +369,8 @@ def _kernel(records: Sequence[Record], flow: _Dataflow, members: list[int], end:
         bytes_read=max(0.0, sum(q.bytes_read for q in parts) - internal - reused),
         bytes_written=max(0.0, sum(q.bytes_written for q in parts) - kept_writes),
         matmul=anchor.matmul if anchor else None, source=first.source, rank=first.rank,
-        program=first.program, parts=parts, wiring=tuple(wiring), exits=tuple(exits),
+        program=first.program, family=(anchor or reduction or first).family, parts=parts, wiring=tuple(wiring),
+        exits=tuple(exits),
         onchip_bytes=internal + kept_writes, reused_bytes=reused, spilled_bytes=spill_bytes)
     return record, kept
 
@@ -420,8 +401,9 @@ def _kernel_name(parts: Sequence[OpRecord]) -> str:
 
 # ---- windows ------------------------------------------------------------------------------------
 def _cut_reason(rec: Record) -> str:
+    """The window cut (a ``tpusim.windows.CUTS`` key) of a record that is not a fusible eager op."""
     if isinstance(rec, HostRecord):
-        return "mode" if rec.reason.startswith(CHANGE_REASON) else rec.event
+        return "mode" if rec.reason.startswith(MODE_CHANGE_REASON) else rec.event
     if isinstance(rec, CollectiveRecord):
         return "collective"
     if isinstance(rec, StepMarker):
@@ -443,10 +425,10 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
     window: list[int] = []
     held: list[tuple[int, MemoryRecord]] = []       # (position, record) of the window's memory records
     program = 0                                     # the compiled program the window holds; 0: eager ops
+    cutter = WindowCutter()
     totals = Counter()
-    cuts: Counter[str] = Counter()
 
-    def flush(end: int, reason: str) -> None:
+    def flush(end: int) -> None:
         if not window:
             out.extend(m for _, m in held)
             held.clear()
@@ -471,8 +453,7 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
             if host_s_per_op > 0:
                 out.append(HostRecord(seq=first.seq, event="dispatch", reason=WINDOW_REASON,
                                       seconds=len(window) * host_s_per_op, source=first.source, rank=first.rank))
-            totals.update(ops=len(window), kernels=len(kernels), windows=1)
-            cuts[reason] += 1
+            totals.update(ops=len(window), kernels=len(kernels))
         out.extend(_interleave(kernels, [(q, m) for q, m in held if m.storage not in dropped], emitted))
         totals.update(onchip=sum(k.onchip_bytes for k in kernels), reused=sum(k.reused_bytes for k in kernels),
                       spilled=sum(k.spilled_bytes for k in kernels))
@@ -485,22 +466,29 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
             continue
         ran_in = rec.program if isinstance(rec, OpRecord) else 0
         if ran_in != program:
-            flush(pos, "program")                   # a program starts or ends: it is a window of its own
+            cutter.boundary("program")              # a program starts or ends: it is a window of its own
+            flush(pos)
             program = ran_in
         if program:
             window.append(pos)                      # whole-program fusion: no size limit, opaque ops run alone
-        elif isinstance(rec, OpRecord) and eager and RULES[role_of(rec)].fusible:
-            if len(window) == WINDOW_OPS:
-                flush(pos, "size")
-            window.append(pos)
-        elif isinstance(rec, HostRecord) and rec.event == "dispatch" and not rec.reason.startswith(CHANGE_REASON):
+        elif isinstance(rec, OpRecord) and eager:
+            fusible = RULES[role_of(rec)].fusible
+            if cutter.admit(fusible):
+                flush(pos)
+            if fusible:
+                window.append(pos)
+            else:
+                out.append(rec)
+        elif isinstance(rec, HostRecord) and rec.event == "dispatch" and not rec.reason.startswith(MODE_CHANGE_REASON):
             out.append(rec)
         else:
-            flush(pos, _cut_reason(rec))
+            cutter.boundary(_cut_reason(rec))
+            flush(pos)
             out.append(rec)
-    flush(len(records), "end")
-    stats = FusionStats(ops=totals["ops"], kernels=totals["kernels"], windows=totals["windows"],
-                        cuts=dict(sorted(cuts.items())), onchip_bytes=float(totals["onchip"]),
+    cutter.boundary("end")
+    flush(len(records))
+    stats = FusionStats(ops=totals["ops"], kernels=totals["kernels"], windows=cutter.windows,
+                        cuts=dict(sorted(cutter.cuts.items())), onchip_bytes=float(totals["onchip"]),
                         reused_bytes=float(totals["reused"]), spilled_bytes=float(totals["spilled"]),
                         programs=totals["programs"], program_ops=totals["program_ops"],
                         program_kernels=totals["program_kernels"])

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tpusim.compute import matmul_padding
-from tpusim.engine import Timeline
 from tpusim.spec import ChipSpec
+from tpusim.timeline import Timeline
 from tpusim.trace import HostRecord, OpRecord, StepMarker, Trace
 
 Warning_ = dict[str, str]

@@ -1,115 +1,68 @@
-"""The three eager modes, Debug, Strict and Fused, as engine queue policies.
+"""The eager modes, Debug, Strict and Fused: the one registry of their names and behaviour.
 
-The modes replay one recorded trace (record once, price many). On the sim target their
-numerics are identical, so here a mode is a cost model of when work is issued and how it is
-grouped:
+Every other module reads modes from here: the process state (``tpusim.eager``), the
+device (backend/), the mode's plan of a trace (``tpusim.planning``), the command line and
+the report. On the sim target numerics are identical in every mode, so a mode is a cost model
+of when work is issued and how it is grouped:
 
 - **strict**: asynchronous like CUDA. The host pays ``chip.host_dispatch_ns`` per op and
   enqueues it (queue of 1024); it waits only at syncs and when the queue is full.
 - **debug**: synchronous. Each op completes before the next is issued, then its result is
-  checked: the NaN/Inf test is folded into the op's kernel (2 VPU FLOPs per element of its
-  floating outputs, a 1-byte flag written), the flag comes back over PCIe (a 1-byte ``d2h``)
-  and the host reads it, priced like one op dispatch (a runtime call). An estimate: no public
-  figure for a TPU flag read-back exists.
-- **compiled programs** (torch.compile'd graphs, recorded with ``OpRecord.program``) are the
-  same in every mode: one launch, fused as a whole by ``tpusim.fusion``, one compile-cache
-  region, and in debug one result check after the program.
-- **fused**: the host records ops into windows (``tpusim.fusion``), paying ``RECORD_SHARE``
-  of a dispatch per op, and at each cut launches the window's fused kernels, paying the rest
-  of a dispatch per kernel. The device waits while a window is recorded; it overlaps the
-  recording of the next window.
+  checked for NaN/Inf (``tpusim.planning.with_checks`` prices the check).
+- **fused**: the host records ops into windows (``tpusim.windows``, ``tpusim.fusion``) and
+  launches each window's fused kernels at a cut.
 
-Every replay starts with a cold ``CompileCache`` (``tpusim.compile_cache``), so modes compare
-from the same start: a miss costs ``chip.compile_s`` on the host. ``Timeline.meta`` gets
-``compile_cache`` (``CacheStats``) and, in fused, ``fusion`` (``FusionStats``).
-
-Adding a mode = one ``EagerMode`` in ``MODES``.
+Adding a mode = one ``EagerMode`` row in ``MODES``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Sequence
+from dataclasses import dataclass
 
-from tpusim.compile_cache import CompileCache, with_compiles
-from tpusim.engine import Plan, QueuePolicy
 from tpusim.errors import TpusimError
-from tpusim.fusion import FusedKernel, fuse
-from tpusim.spec import ChipSpec
-from tpusim.trace import HostRecord, OpRecord, Record
-
-# Share of an eager op's host dispatch that Fused still pays per op: Python and the PyTorch
-# dispatcher run for every op, but the runtime enqueue is paid once per fused kernel. Estimate:
-# a no-op PyTorch op costs a few us in Python + dispatcher, about what a launch costs, so half.
-RECORD_SHARE = 0.5
-CHECK_FLOPS_PER_ELEMENT = 2.0   # debug: isfinite + AND-reduce per element of a floating output
-DEBUG_CHECK = "debug_check"     # reason of debug's flag read-back host records
 
 
-@dataclasses.dataclass(frozen=True)
-class EagerMode(QueuePolicy):
-    """A queue policy plus the mode's rewrite of the stream: result checks or fusion, then compiles."""
+@dataclass(frozen=True)
+class EagerMode:
+    """One eager mode: how the host queue behaves and how the mode rewrites the op stream."""
 
-    check_results: bool = False
-    fuse: bool = False
-
-    def plan(self, records: Sequence[Record], chip: ChipSpec) -> Plan:
-        meta = {}
-        stream: Sequence[Record] = records
-        if self.fuse or any(isinstance(r, OpRecord) and r.program for r in records):
-            record_s = RECORD_SHARE * chip.host_dispatch_ns / 1e9 if self.fuse else 0.0
-            fused = fuse(records, chip, host_s_per_op=record_s, eager=self.fuse)
-            stream, meta["fusion"] = fused.records, fused.stats
-        if self.check_results:
-            stream = with_checks(stream, chip)
-        cache = CompileCache()
-        stream = with_compiles(stream, chip, cache)
-        meta["compile_cache"] = cache.stats(chip)
-        return Plan(tuple(stream), meta)
-
-    def dispatch_s(self, record: Record, chip: ChipSpec) -> float:
-        if isinstance(record, OpRecord) and record.program:     # its program's launch is one host record
-            return 0.0
-        if isinstance(record, FusedKernel):     # its ops' recording was paid in the window's host record
-            return (1.0 - RECORD_SHARE) * chip.host_dispatch_ns / 1e9
-        return super().dispatch_s(record, chip)
+    name: str
+    description: str
+    queue_depth: int = 1024         # how far the host runs ahead (CUDA's launch queue holds ~1024 kernels)
+    sync_each_op: bool = False      # the host waits for each op to finish
+    check_results: bool = False     # each op's floating results are checked for NaN/Inf
+    fuse: bool = False              # eager ops are recorded into windows and fused
+    aliases: tuple[str, ...] = ()   # other accepted spellings
 
 
-def with_checks(records: Sequence[Record], chip: ChipSpec) -> list[Record]:
-    """Debug's result check after every op with floating outputs (see the module docstring); a compiled
-    program is one launch, checked once, at its last kernel."""
-    last_of_program = {r.program: i for i, r in enumerate(records) if isinstance(r, OpRecord) and r.program}
-    out: list[Record] = []
-    for i, rec in enumerate(records):
-        checked = isinstance(rec, OpRecord) and (not rec.program or last_of_program[rec.program] == i)
-        floats = [t for t in rec.outputs if _is_floating(t.dtype)] if checked else []
-        if not floats:
-            out.append(rec)
-            continue
-        elements = sum(math.prod(t.shape) for t in floats)
-        out.append(dataclasses.replace(rec, flops=rec.flops + CHECK_FLOPS_PER_ELEMENT * elements,
-                                       bytes_written=rec.bytes_written + 1))
-        out.append(HostRecord(seq=rec.seq, event="d2h", reason=DEBUG_CHECK, bytes=1, source=rec.source,
-                              rank=rec.rank))
-        out.append(HostRecord(seq=rec.seq, event="dispatch", reason=DEBUG_CHECK,
-                              seconds=chip.host_dispatch_ns / 1e9, source=rec.source, rank=rec.rank))
-    return out
-
-
-def _is_floating(dtype: str) -> bool:
-    return any(kind in dtype for kind in ("float", "half", "complex"))
-
-
-STRICT = EagerMode("strict")
-DEBUG = EagerMode("debug", queue_depth=1, sync_each_op=True, check_results=True)
-FUSED = EagerMode("fused", fuse=True)
-MODES: dict[str, EagerMode] = {"debug": DEBUG, "strict": STRICT, "fused": FUSED}
+# Adding a mode = one row here.
+MODES: dict[str, EagerMode] = {m.name: m for m in (
+    EagerMode("debug", "synchronous; every op's results checked for NaN/Inf at the op",
+              queue_depth=1, sync_each_op=True, check_results=True),
+    EagerMode("strict", "asynchronous like CUDA: errors surface at the next sync"),
+    EagerMode("fused", "ops recorded into windows and run as fused kernels", fuse=True),
+)}
 DEFAULT_MODE = "strict"
+_BY_SPELLING = {spelling: mode for mode in MODES.values() for spelling in (mode.name, *mode.aliases)}
 
 
-def get_mode(name: str) -> EagerMode:
-    """The policy of one eager mode by name; an unknown name says which are accepted."""
-    if name not in MODES:
-        raise TpusimError(f"unknown eager mode {name!r}; accepted: {', '.join(MODES)}")
-    return MODES[name]
+def get_mode(name: object, where: str = "") -> EagerMode:
+    """The mode called ``name`` (case and spaces ignored; aliases accepted); an unknown name is a
+    TpusimError that lists the accepted ones (``where`` says where the name came from)."""
+    mode = _BY_SPELLING.get(str(name).strip().lower())
+    if mode is None:
+        raise TpusimError(f"unknown eager mode {name!r}{where}; accepted: {', '.join(MODES)}")
+    return mode
+
+
+def resolve_modes(text: str) -> list[str]:
+    """'strict' -> ['strict']; 'all' -> every mode; 'debug,fused' -> both. Unknown names are refused."""
+    if text.strip().lower() == "all":
+        return list(MODES)
+    names = [m for m in text.split(",") if m.strip()]
+    if not names:
+        raise TpusimError(f"no eager mode in {text!r}; accepted: {', '.join(MODES)} or all")
+    unknown = [m.strip() for m in names if m.strip().lower() not in _BY_SPELLING]
+    if unknown:
+        raise TpusimError(f"unknown eager mode {', '.join(unknown)}; accepted: {', '.join(MODES)} or all")
+    return list(dict.fromkeys(get_mode(m).name for m in names))

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tpusim.errors import TpusimError
+from tpusim.timeline import step_stats
 from tpusim.topology import AXIS_NAMES, Slice
 from tpusim.trace import CollectiveRecord, Trace
 
@@ -282,8 +283,7 @@ def describe_segments(segs: tuple[Segment, ...], slice_: Slice) -> str:
 def price_placement(trace: Trace, slice_: Slice, placement: Placement, simulate: Callable) -> Priced:
     """Price ``trace`` under ``placement`` with ``simulate(trace, slice_) -> Timeline``."""
     timeline = simulate(remap(trace, slice_, placement), slice_)
-    steps = [s.seconds for s in timeline.steps]
-    step_s = sorted(steps[1:])[len(steps[1:]) // 2] if len(steps) > 1 else (steps[0] if steps else timeline.total_s)
+    step_s = step_stats([s.seconds for s in timeline.steps], timeline.total_s).median_s
     axis_of = {c.seq: c.mesh_axis for c in trace.of_kind(CollectiveRecord)}
     per_chip: dict[int, dict[str, float]] = {}
     biggest: dict[str, tuple[float, str]] = {}

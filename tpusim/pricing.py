@@ -3,32 +3,24 @@
     from tpusim.pricing import price
     timeline = price(trace, topology="3d:8x8x8", mode="fused")
 
-Modes are engine queue policies (``tpusim.modes``: debug, strict, fused); adding one =
-one entry in ``tpusim.modes.MODES``.
+``price`` = the mode's plan of the trace (``tpusim.planning.plan``: checks, fusion, compiles),
+then the simulation of that plan (``tpusim.engine.simulate``). Modes are ``tpusim.modes``' registry;
+adding one = one row there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from tpusim.engine import Timeline, simulate
-from tpusim.errors import TpusimError
-from tpusim.modes import DEFAULT_MODE, MODES, get_mode
+from tpusim.engine import simulate
+from tpusim.modes import DEFAULT_MODE, get_mode
+from tpusim.planning import plan
 from tpusim.spec import ChipSpec
+from tpusim.timeline import Timeline
 from tpusim.topology import Slice, build_slice
 from tpusim.trace import Trace
 
-__all__ = ["DEFAULT_MODE", "MODES", "price", "resolve_modes", "single_chip_topology"]
-
-
-def resolve_modes(text: str) -> list[str]:
-    """'strict' -> ['strict']; 'all' -> every mode; 'debug,fused' -> both. Unknown names are refused."""
-    names = list(MODES) if text == "all" else [m.strip() for m in text.split(",") if m.strip()]
-    unknown = [m for m in names if m not in MODES]
-    if unknown or not names:
-        raise TpusimError(f"unknown eager mode {', '.join(unknown) or repr(text)}; "
-                          f"accepted: {', '.join(MODES)} or all")
-    return names
+__all__ = ["price", "single_chip_topology"]
 
 
 def single_chip_topology(chip: ChipSpec) -> str:
@@ -41,7 +33,7 @@ def price(trace: Trace, *, topology: str | Slice = "", chip: str | ChipSpec | No
           progress: Callable[[str], None] | None = None) -> Timeline:
     """Simulate ``trace`` on a slice under one eager mode and return its Timeline."""
     slice_ = topology if isinstance(topology, Slice) else build_slice(topology or "3d:1x1x1", chip=chip)
-    policy = get_mode(mode)  # an unknown name raises with the accepted ones
+    eager_mode = get_mode(mode)  # an unknown name raises with the accepted ones
     if progress:
-        progress(f"pricing {mode} mode on {slice_.spec} ({slice_.chip.name})")
-    return simulate(trace, slice_, chunk_bytes=chunk_bytes, policy=policy)
+        progress(f"pricing {eager_mode.name} mode on {slice_.spec} ({slice_.chip.name})")
+    return simulate(plan(trace, eager_mode, slice_.chip), slice_, chunk_bytes=chunk_bytes)

@@ -13,6 +13,8 @@ Record kinds (the ``kind`` key on disk):
                   > 0 marks the ops of one execution of a torch.compile'd graph: the
                   simulator prices them as one XLA program (tpusim/fusion.py), not as
                   eager ops; 0 (the default, and absent in older traces) is eager.
+                  ``family`` is the op's family (tpusim/ops.py), recorded so the simulator
+                  never works it out again from the name (older traces: derived from ``op``).
 - ``collective``  all_reduce / all_gather / ... : bytes per rank, the process group
                   as ranks and/or a mesh axis name, the reduction, async or not.
 - ``host``        host work the device must wait for or that waits for the device:
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tpusim.errors import TpusimError
+from tpusim.ops import family_of
 
 SCHEMA = "tpusim-trace"
 SCHEMA_VERSION = 1
@@ -50,6 +53,7 @@ UNITS = ("mxu", "vpu", "sparsecore", "dma")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
                "permute", "barrier")
 HOST_EVENTS = ("sync", "h2d", "d2h", "dispatch")
+MODE_CHANGE_REASON = "eager_mode:"  # + the new mode: reason of the dispatch record marking a change of eager mode
 MEMORY_EVENTS = ("alloc", "free")
 
 
@@ -81,6 +85,11 @@ class OpRecord:
     source: str = ""
     rank: int = 0
     program: int = 0                # >0: ran inside compiled program execution #program (torch.compile)
+    family: str = ""                # tpusim.ops.Family, recorded by the backend; "" (older traces): from ``op``
+
+    def __post_init__(self) -> None:
+        if not self.family:
+            object.__setattr__(self, "family", str(family_of(self.op)))
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ placement moves collective time the way the closed form says."""
 import pytest
 
 from tpusim.collectives import closed_form_time
-from tpusim.engine import simulate
 from tpusim.errors import TpusimError
 from tpusim.placement import Mesh, compare, default_placement, enumerate_placements, parse_placement, remap, trace_mesh
+from tpusim.pricing import price
 from tpusim.topology import build_slice
 from tpusim.trace import CollectiveRecord, StepMarker, Trace, renumber
 
@@ -75,7 +75,7 @@ def _trace(world, shape, tp_bytes, fsdp_bytes):
 
 def _tp_time(trace, s, text):
     mapped = remap(trace, s, parse_placement(text, trace_mesh(trace), s))
-    timeline = simulate(mapped, s)
+    timeline = price(mapped, topology=s)
     return sum(c.end_s - c.start_s for c in timeline.collectives if c.kind == "all_reduce")
 
 
@@ -93,7 +93,7 @@ def test_placement_moves_collective_time_the_way_the_closed_form_predicts():
 
 def test_compare_ranks_placements_and_explains_the_winner():
     s = build_slice("3d:4x4x8")
-    result = compare(_trace(128, (8, 16), 16 << 20, 4 << 20), s, lambda t, sl: simulate(t, sl))
+    result = compare(_trace(128, (8, 16), 16 << 20, 4 << 20), s, lambda t, sl: price(t, topology=sl))
     ranked = result["ranked"]
     assert len(ranked) >= 3 and ranked[0]["step_s"] <= ranked[-1]["step_s"]
     assert result["reason"].startswith(ranked[0]["placement"] + " wins")

@@ -61,7 +61,8 @@ def reprice(folder: Path, report: dict[str, Any], topology: str | None, chip: st
             modes: str | None) -> dict[str, Any]:
     """A's program trace priced again: a new report in memory, labelled by what changed."""
     from tpusim.lint import lint
-    from tpusim.pricing import price, resolve_modes
+    from tpusim.modes import resolve_modes
+    from tpusim.pricing import price
     from tpusim.report import RunInfo, build_report
     from tpusim.topology import build_slice
     from tpusim.trace import read_trace

@@ -48,7 +48,7 @@ What it writes (in --out, default reports/<script>-<topology>-<time>/):
 
 
 def add_parser(subparsers) -> None:
-    from tpusim.pricing import DEFAULT_MODE, MODES
+    from tpusim.modes import DEFAULT_MODE, MODES
 
     parser = subparsers.add_parser(
         "run", help="run a PyTorch script on a simulated TPU slice and report what it would cost",
@@ -128,7 +128,8 @@ def default_out_dir(script: Path, topology: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tpusim.pricing import resolve_modes, single_chip_topology
+    from tpusim.modes import resolve_modes
+    from tpusim.pricing import single_chip_topology
     from tpusim.script import check_script, run_script
     from tpusim.spec import load_chip
     from tpusim.topology import build_slice
@@ -225,7 +226,7 @@ def _measurer(script: Path, args: argparse.Namespace, modes: list[str], slice_, 
     """What runs each mode for real once the prediction is priced: report -> its ``measured`` section."""
     from tpusim.measure import measure_mode
     from tpusim.report import measured_section
-    from tpusim.report.model import step_stats
+    from tpusim.timeline import step_stats
     from tpusim.units import format_seconds
 
     def measure(report: dict[str, Any]) -> dict[str, Any]:
@@ -237,7 +238,7 @@ def _measurer(script: Path, args: argparse.Namespace, modes: list[str], slice_, 
                                world=slice_.total_chips, chips_per_host=slice_.chip.chips_per_host,
                                timeout_s=args.pjrt_timeout or None)
             runs.append(run)
-            _, step = step_stats(run.steps_s, run.total_s)
+            step = step_stats(run.steps_s, run.total_s).median_s
             progress.say(f"measured {mode}: {len(run.steps_s)} steps, median step "
                          f"{format_seconds(step) if step is not None else '-'}"
                          + (f"; it failed with {run.error_type}" if run.error_type else ""))

@@ -13,13 +13,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tpusim.engine import Timeline
 from tpusim.report.html import render_html
 from tpusim.report.measured import measured_section
 from tpusim.report.model import RunInfo, build_report
 from tpusim.report.perfetto import perfetto_trace
 from tpusim.report.plots import save_figures
 from tpusim.report.summary import summary_table
+from tpusim.timeline import Timeline
 
 __all__ = ["RunInfo", "build_report", "measured_section", "summary_table", "write_report", "write_atomic"]
 

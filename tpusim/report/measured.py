@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from tpusim.measure import JaxDevice, ModeRun
-from tpusim.report.model import rounded, step_stats
+from tpusim.report.model import rounded
+from tpusim.timeline import step_stats
 
 BASELINE = "strict"
 
@@ -42,7 +43,7 @@ def notes(device: JaxDevice, chip: str, chip_from: str, world: int = 1) -> list[
 def measured_section(device: JaxDevice, chip: str, chip_from: str, runs: list[ModeRun],
                      simulated: dict[str, dict[str, Any]], world: int = 1) -> dict[str, Any]:
     """The section for report["measured"]; ``simulated`` is report["modes"] (the priced modes)."""
-    medians = {run.mode: step_stats(run.steps_s, run.total_s)[1] for run in runs}
+    medians = {run.mode: step_stats(run.steps_s, run.total_s).median_s for run in runs}
     baseline = BASELINE if BASELINE in medians else (runs[0].mode if runs else None)
 
     def ratio(value: float | None, base: float | None) -> float | None:
@@ -50,7 +51,8 @@ def measured_section(device: JaxDevice, chip: str, chip_from: str, runs: list[Mo
 
     modes = {}
     for run in runs:
-        first, step_median = step_stats(run.steps_s, run.total_s)
+        stats = step_stats(run.steps_s, run.total_s)
+        first, step_median = stats.first_s, stats.median_s
         predicted = simulated.get(run.mode, {}).get("step_time_median_s")
         predicted_base = simulated.get(baseline, {}).get("step_time_median_s") if baseline else None
         modes[run.mode] = {

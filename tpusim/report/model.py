@@ -75,13 +75,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from statistics import median
 from typing import Any
 
 from tpusim import __version__
-from tpusim.compute import kernel_cost
-from tpusim.engine import Timeline
 from tpusim.spec import ChipSpec
+from tpusim.timeline import Timeline, step_stats
 from tpusim.topology import Slice
 from tpusim.trace import CollectiveRecord, HostRecord, OpRecord, StepMarker, Trace
 
@@ -147,15 +145,6 @@ def program_summary(trace: Trace) -> dict[str, Any]:
             "ranks_recorded": len(ranks)}
 
 
-def step_stats(steps_s: tuple[float, ...] | list[float], total_s: float | None) -> tuple[float | None, float | None]:
-    """(first step, median step): the median leaves the first step (compile, warm-up) out; one step is
-    its own median; a program without steps has its whole run as median. Simulated and measured alike."""
-    steps = list(steps_s)
-    if not steps:
-        return None, total_s
-    return steps[0], median(steps[1:]) if len(steps) > 1 else steps[0]
-
-
 def mode_report(timeline: Timeline, trace: Trace, chip: ChipSpec) -> dict[str, Any]:
     steps = [s.seconds for s in timeline.steps]
     after_first = steps[1:]
@@ -166,18 +155,18 @@ def mode_report(timeline: Timeline, trace: Trace, chip: ChipSpec) -> dict[str, A
               if after_first else device)
     ops = [e for e in timeline.events if e.kind == "op"]
     model_flops = sum(e.flops for e in ops) / chips
-    first, step_median = step_stats(steps, timeline.total_s)
+    stats = step_stats(steps, timeline.total_s)
     return {
         "total_s": timeline.total_s,
         "steps_s": steps,
-        "first_step_s": first,
-        "step_time_median_s": step_median,
+        "first_step_s": stats.first_s,
+        "step_time_median_s": stats.median_s,
         "device_s": device,
         "step_device_s": steady,
         "host_s": {"dispatch": timeline.host_dispatch_s / chips, "stall": timeline.host_stall_s / chips,
                    "transfer": timeline.host_transfer_s / chips, "compile": timeline.host_compile_s / chips},
         "collective_overlapped_s": max(0.0, timeline.collective_s - exposed),
-        "mxu_utilisation": mxu_utilisation(trace, chip),
+        "mxu_utilisation": mxu_utilisation(timeline, chip),
         "mfu": model_flops / (timeline.total_s * chip.peak_bf16_flops_per_s) if timeline.total_s else 0.0,
         "kernels": timeline.kernels,
         "hbm_bytes_moved": timeline.hbm_bytes_moved,
@@ -210,15 +199,12 @@ def device_split(timeline: Timeline, start: float, end: float, per: int = 1) -> 
     return split
 
 
-def mxu_utilisation(trace: Trace, chip: ChipSpec) -> float:
-    """Useful MXU FLOPs over what the MXUs could do at the bf16 peak in the time MXU kernels ran."""
-    flops = seconds = 0.0
-    for op in trace.of_kind(OpRecord):
-        if op.unit == "mxu":
-            cost = kernel_cost(op, chip)
-            flops += cost.flops
-            seconds += cost.seconds
-    return flops / (seconds * chip.peak_bf16_flops_per_s) if seconds else 0.0
+def mxu_utilisation(timeline: Timeline, chip: ChipSpec) -> float:
+    """Useful FLOPs of the kernels that ran on the MXU (as this mode priced them: fused kernels carry
+    their epilogues) over what the MXUs could do at the bf16 peak in the time those kernels ran."""
+    costs = [e.cost for e in timeline.events if e.kind == "op" and e.cost is not None and e.cost.unit == "mxu"]
+    seconds = sum(c.seconds for c in costs)
+    return sum(c.flops for c in costs) / (seconds * chip.peak_bf16_flops_per_s) if seconds else 0.0
 
 
 def compile_cache(timeline: Timeline) -> dict[str, Any] | None:

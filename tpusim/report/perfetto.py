@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpusim.engine import TRACKS, Timeline
+from tpusim.timeline import TRACKS, Timeline
 
 LINKS_PID = 1_000_000  # the "ICI links" process, after every chip's
 

@@ -3,12 +3,12 @@
 import dataclasses
 
 import pytest
+from factories import US, tensor, toy_chip
 
 from tpusim import engine
 from tpusim.collectives import closed_form_time
 from tpusim.errors import TpusimError
 from tpusim.plan import raw_plan
-from tpusim.spec import load_chip
 from tpusim.topology import build_slice
 from tpusim.trace import (
     CollectiveRecord,
@@ -16,34 +16,21 @@ from tpusim.trace import (
     MemoryRecord,
     OpRecord,
     StepMarker,
-    TensorMeta,
     Trace,
     renumber,
 )
-
-US = 1e-6
-
 
 
 def simulate(trace, slice_, **queue):
     """The engine alone: the trace as recorded (no mode's compile cache, checks or fusion)."""
     return engine.simulate(raw_plan(trace, slice_.chip, **queue), slice_)
 
-def toy_chip(**overrides):
-    """Launch 1 us, HBM 1 TB/s (1 MB = 1 us), host dispatch 0.5 us, PCIe 1 GB/s (1 kB = 1 us)."""
-    base = dict(name="toy", hbm_bytes_per_s=1e12, kernel_launch_ns=1000.0, host_dispatch_ns=500.0,
-                vpu_flops_per_s=1e15, transcendentals_per_s=1e15, pcie_bytes_per_s=1e9,
-                sparsecores_per_chip=4, sparsecore_gather_bytes_per_s=1e12, hbm_bytes=10**9)
-    base.update(overrides)
-    return dataclasses.replace(load_chip("v5p"), **base)
-
-
 def one_chip(**overrides):
     return build_slice("3d:1x1x1", chip=toy_chip(**overrides))
 
 
 def t(storage):
-    return TensorMeta(id=storage, shape=(1,), dtype="float32", nbytes=4, storage=storage)
+    return tensor(storage, n=1)
 
 
 def op(mb=1.0, name="aten::add", unit="vpu", reads=(), writes=()):

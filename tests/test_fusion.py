@@ -7,12 +7,13 @@ the trace).
 
 import dataclasses
 
+import factories
 import pytest
+from factories import MB, N, tensor
 
 from tpusim import fusion, ops, windows
 from tpusim.fusion import FusedKernel, fuse
 from tpusim.pricing import price
-from tpusim.spec import load_chip
 from tpusim.topology import build_slice
 from tpusim.trace import (
     CollectiveRecord,
@@ -25,26 +26,13 @@ from tpusim.trace import (
     renumber,
 )
 
-N = 250_000
-MB = 1e6
-
 
 def toy_chip(**overrides):
-    """HBM 1 TB/s (1 MB = 1 us), launch 1 us, host dispatch 0.5 us, no compile time, 64 MB VMEM."""
-    base = dict(name="toy", hbm_bytes_per_s=1e12, kernel_launch_ns=1000.0, host_dispatch_ns=500.0,
-                vpu_flops_per_s=1e15, transcendentals_per_s=1e15, pcie_bytes_per_s=1e9, compile_s=0.0,
-                vmem_bytes=64 * 10**6, hbm_bytes=10**9)
-    base.update(overrides)
-    return dataclasses.replace(load_chip("v5p"), **base)
+    """factories.toy_chip with no compile time and 64 MB VMEM."""
+    return factories.toy_chip(**{"compile_s": 0.0, "vmem_bytes": 64 * 10**6, **overrides})
 
 
-def t(storage, n=N, dtype="float32", shape=None):
-    size = 2 if dtype == "bfloat16" else 4
-    shape = shape or (n,)
-    numel = 1
-    for d in shape:
-        numel *= d
-    return TensorMeta(id=storage, shape=shape, dtype=dtype, nbytes=size * numel, storage=storage)
+t = tensor
 
 
 def ew(name, ins, out, src="m.py:1", unit="vpu"):

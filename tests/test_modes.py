@@ -5,37 +5,25 @@ Toy chip (as in test_engine): HBM 1 TB/s (1 MB = 1 us), launch 1 us, host dispat
 Times in microseconds in the comments.
 """
 
-import dataclasses
 
 import pytest
+from factories import US, N, tensor, toy_chip
 
 from tpusim.errors import TpusimError
 from tpusim.modes import MODES, get_mode
 from tpusim.planning import RECORD_SHARE
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, summary_table
-from tpusim.spec import load_chip
 from tpusim.topology import build_slice
-from tpusim.trace import HostRecord, MemoryRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
-
-US = 1e-6
-N = 250_000          # float32 elements of a 1 MB tensor
+from tpusim.trace import HostRecord, MemoryRecord, OpRecord, StepMarker, Trace, renumber
 
 
 def toy(**overrides):
-    base = dict(name="toy", hbm_bytes_per_s=1e12, kernel_launch_ns=1000.0, host_dispatch_ns=500.0,
-                vpu_flops_per_s=1e15, transcendentals_per_s=1e15, pcie_bytes_per_s=1e9, compile_s=0.0,
-                hbm_bytes=10**9)
-    base.update(overrides)
-    return build_slice("3d:1x1x1", chip=dataclasses.replace(load_chip("v5p"), **base))
+    """One chip of factories.toy_chip with no compile time."""
+    return build_slice("3d:1x1x1", chip=toy_chip(**{"compile_s": 0.0, **overrides}))
 
 
-def t(storage, n=N, dtype="float32", shape=None):
-    shape = shape or (n,)
-    numel = 1
-    for d in shape:
-        numel *= d
-    return TensorMeta(storage, shape, dtype, numel * (2 if dtype == "bfloat16" else 4), storage)
+t = tensor
 
 
 def op(name, ins, out, src, flops=None, transcendentals=0.0, unit="vpu", matmul=None):

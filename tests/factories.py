@@ -1,0 +1,56 @@
+"""Builders the tests share: a toy chip with round numbers, tensors, a small training trace.
+
+Why one module: tests used to import each other's helpers (test_compare imported test_report) and
+each re-declared its own toy chip and tensor builder. Adding a builder = one function here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from tpusim.spec import ChipSpec, load_chip
+from tpusim.trace import HostRecord, MemoryRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
+
+US = 1e-6
+N = 250_000          # float32 elements of a 1 MB tensor
+MB = 1e6
+
+
+def toy_chip(**overrides: object) -> ChipSpec:
+    """A v5p with round numbers: HBM 1 TB/s (1 MB = 1 us), launch 1 us, host dispatch 0.5 us, PCIe 1 GB/s
+    (1 kB = 1 us), VPU and transcendentals 1e15/s, SparseCore gathers 1 TB/s, 1 GB of HBM; ``overrides``
+    replace any field."""
+    base = dict(name="toy", hbm_bytes_per_s=1e12, kernel_launch_ns=1000.0, host_dispatch_ns=500.0,
+                vpu_flops_per_s=1e15, transcendentals_per_s=1e15, pcie_bytes_per_s=1e9,
+                sparsecores_per_chip=4, sparsecore_gather_bytes_per_s=1e12, hbm_bytes=10**9)
+    return dataclasses.replace(load_chip("v5p"), **{**base, **overrides})
+
+
+def tensor(storage: int, n: int = N, dtype: str = "float32", shape: tuple[int, ...] | None = None) -> TensorMeta:
+    """A tensor whose id is its storage id: ``n`` elements (1 MB of float32 by default), or ``shape``."""
+    shape = shape or (n,)
+    return TensorMeta(storage, shape, dtype, math.prod(shape) * (2 if dtype == "bfloat16" else 4), storage)
+
+
+A = TensorMeta(1, (64, 128), "bfloat16", 64 * 128 * 2, 1)
+B = TensorMeta(2, (128, 64), "bfloat16", 128 * 64 * 2, 2)
+C = TensorMeta(3, (64, 64), "bfloat16", 64 * 64 * 2, 3)
+
+
+def training_trace(steps: int = 3) -> Trace:
+    """``steps`` steps of c = gelu(a @ b) then c.item(), at model.py:3-5."""
+    records = []
+    for step in range(steps):
+        records += [
+            MemoryRecord(0, "alloc", 3, C.nbytes),
+            OpRecord(0, "aten::mm", "mxu", "bfloat16", (A, B), (C,), flops=2 * 64 * 128 * 64,
+                     bytes_read=A.nbytes + B.nbytes, bytes_written=C.nbytes, matmul=(1, 64, 128, 64),
+                     source="model.py:3"),
+            OpRecord(0, "aten::gelu", "vpu", "bfloat16", (C,), (C,), flops=8 * 64 * 64, transcendentals=64 * 64,
+                     bytes_read=C.nbytes, bytes_written=C.nbytes, source="model.py:4"),
+            HostRecord(0, "sync", reason="item", source="model.py:5"),
+            MemoryRecord(0, "free", 3, C.nbytes),
+            StepMarker(0, step),
+        ]
+    return Trace(renumber(records))

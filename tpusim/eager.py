@@ -9,8 +9,15 @@
 Why a module of its own, outside the device: both layers read the mode. The tpu device
 (backend/) turns debug into real behaviour (every op's floating results checked for NaN/Inf at
 the op, an optional one-line log per op: backend/debug.py) and records each change in the
-trace; the simulator prices any recorded program under every mode (tpusim/modes.py). The
-default comes from ``TPUSIM_EAGER_MODE`` (read at first use), else strict.
+trace; the simulator prices any recorded program under every mode (tpusim/modes.py).
+
+The default is read once, at first use, from the environment: ``TPUSIM_EAGER_MODE`` (a mode
+name) if set; else TorchTPU's variables with TorchTPU's precedence (its
+``csrc/eager/eager_mode.cc``): ``TORCH_TPU_LAUNCH_BLOCKING`` (else the legacy
+``TPU_LAUNCH_BLOCKING``) true means debug and wins; then ``TORCH_TPU_DEFER_AND_FUSE`` (else
+``TPU_DEFER_AND_FUSE``) true means fused; else strict. Booleans are read as absl's SimpleAtob
+reads them (1/0, true/false, yes/no, t/f, y/n, any case); like TorchTPU, a value that is neither
+counts as unset, with a warning here.
 
 On the sim target every op executes on host memory at once, in every mode, so numerics are
 identical across modes and an op's error surfaces at the op, not at the next sync as it would
@@ -26,7 +33,8 @@ across it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 from tpusim.modes import DEFAULT_MODE, MODES, get_mode
@@ -38,15 +46,46 @@ ENV = "TPUSIM_EAGER_MODE"
 
 _mode: str | None = None                               # None until first read (then env or default)
 _listeners: list[Callable[[str, str], None]] = []
+# TorchTPU's variables: (public name, legacy name) -> the mode a true value selects; first true wins
+TORCH_TPU_ENV: tuple[tuple[str, str, str], ...] = (
+    ("TORCH_TPU_LAUNCH_BLOCKING", "TPU_LAUNCH_BLOCKING", "debug"),
+    ("TORCH_TPU_DEFER_AND_FUSE", "TPU_DEFER_AND_FUSE", "fused"),
+)
+_TRUE, _FALSE = {"1", "true", "t", "yes", "y"}, {"0", "false", "f", "no", "n"}
 
 
 def get_eager_mode() -> str:
     """The active eager mode: "debug", "strict" or "fused"."""
     global _mode
     if _mode is None:
-        raw = os.environ.get(ENV, "").strip()
-        _mode = get_mode(raw, f" in {ENV}").name if raw else DEFAULT_MODE
+        _mode = mode_from_environment(os.environ)
     return _mode
+
+
+def mode_from_environment(environ: Mapping[str, str]) -> str:
+    """The default eager mode the environment selects (see the module docstring)."""
+    raw = environ.get(ENV, "").strip()
+    if raw:
+        return get_mode(raw, f" in {ENV}").name
+    for public, legacy, mode in TORCH_TPU_ENV:
+        value = _boolean(environ, public)
+        if value is None:
+            value = _boolean(environ, legacy)
+        if value:
+            return mode
+    return DEFAULT_MODE
+
+
+def _boolean(environ: Mapping[str, str], name: str) -> bool | None:
+    raw = environ.get(name)
+    if raw is None:
+        return None
+    value = raw.strip().lower()
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    warnings.warn(f"{name}={raw!r} is not a boolean (accepted: 1/0, true/false, yes/no); treated as unset, "
+                  f"as TorchTPU does", stacklevel=3)
+    return None
 
 
 def set_eager_mode(mode: str) -> str:

@@ -32,15 +32,16 @@ class EagerMode:
     sync_each_op: bool = False      # the host waits for each op to finish
     check_results: bool = False     # each op's floating results are checked for NaN/Inf
     fuse: bool = False              # eager ops are recorded into windows and fused
-    aliases: tuple[str, ...] = ()   # other accepted spellings
+    aliases: tuple[str, ...] = ()   # other accepted spellings: TorchTPU's EagerMode member names
 
 
 # Adding a mode = one row here.
 MODES: dict[str, EagerMode] = {m.name: m for m in (
     EagerMode("debug", "synchronous; every op's results checked for NaN/Inf at the op",
-              queue_depth=1, sync_each_op=True, check_results=True),
-    EagerMode("strict", "asynchronous like CUDA: errors surface at the next sync"),
-    EagerMode("fused", "ops recorded into windows and run as fused kernels", fuse=True),
+              queue_depth=1, sync_each_op=True, check_results=True, aliases=("defer_never_and_launch_blocking",)),
+    EagerMode("strict", "asynchronous like CUDA: errors surface at the next sync", aliases=("defer_never",)),
+    EagerMode("fused", "ops recorded into windows and run as fused kernels", fuse=True,
+              aliases=("defer_and_fuse",)),
 )}
 DEFAULT_MODE = "strict"
 _BY_SPELLING = {spelling: mode for mode in MODES.values() for spelling in (mode.name, *mode.aliases)}

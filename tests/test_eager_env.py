@@ -1,0 +1,34 @@
+"""The default eager mode from the environment: TPUSIM_EAGER_MODE, then TorchTPU's variables with TorchTPU's
+precedence (its csrc/eager/eager_mode.cc: launch blocking wins, the public name overrides the legacy one)."""
+
+import pytest
+
+from tpusim.eager import mode_from_environment
+from tpusim.errors import TpusimError
+from tpusim.modes import get_mode
+
+
+@pytest.mark.parametrize(("environ", "mode"), [
+    ({}, "strict"),
+    ({"TORCH_TPU_DEFER_AND_FUSE": "1"}, "fused"),
+    ({"TPU_DEFER_AND_FUSE": "true"}, "fused"),
+    ({"TORCH_TPU_LAUNCH_BLOCKING": "1", "TORCH_TPU_DEFER_AND_FUSE": "1"}, "debug"),   # blocking wins
+    ({"TPU_LAUNCH_BLOCKING": "YES", "TORCH_TPU_DEFER_AND_FUSE": "1"}, "debug"),
+    ({"TORCH_TPU_DEFER_AND_FUSE": "0", "TPU_DEFER_AND_FUSE": "1"}, "strict"),         # public overrides legacy
+    ({"TORCH_TPU_LAUNCH_BLOCKING": "false", "TPU_LAUNCH_BLOCKING": "1"}, "strict"),
+    ({"TPUSIM_EAGER_MODE": "fused", "TORCH_TPU_LAUNCH_BLOCKING": "1"}, "fused"),       # tpusim's own is explicit
+])
+def test_the_environment_selects_the_default_mode(environ, mode):
+    assert mode_from_environment(environ) == mode
+
+
+def test_a_value_that_is_no_boolean_counts_as_unset_with_a_warning():
+    with pytest.warns(UserWarning, match="TORCH_TPU_DEFER_AND_FUSE='on' is not a boolean"):
+        assert mode_from_environment({"TORCH_TPU_DEFER_AND_FUSE": "on", "TPU_DEFER_AND_FUSE": "1"}) == "fused"
+
+
+def test_torch_tpu_mode_names_are_aliases_and_unknown_names_list_the_accepted_ones():
+    assert [get_mode(n).name for n in ("DEFER_NEVER", "defer_and_fuse", "Defer_Never_And_Launch_Blocking")] == \
+        ["strict", "fused", "debug"]
+    with pytest.raises(TpusimError, match="unknown eager mode 'lazy' in TPUSIM_EAGER_MODE; accepted: debug"):
+        mode_from_environment({"TPUSIM_EAGER_MODE": "lazy"})

@@ -204,6 +204,9 @@ _TRANSCENDENTAL: dict[str, float] = {
     "_log_softmax_backward_data": 1, "binary_cross_entropy_with_logits": 2, "binary_cross_entropy": 1,
     "logit": 1, "xlogy": 1, "special_xlog1py": 1, "lgamma": 1, "digamma": 1, "polygamma": 1, "sinc": 1,
     "native_dropout": 0, "bernoulli": 1, "normal": 2, "uniform": 0, "exponential": 1,
+    # fused RNN cells, per element of their largest output (the gate workspace): 3 sigmoids + 2 tanh
+    # over 4H (LSTM), 2 sigmoids + 1 tanh over 5H (GRU); backward needs one tanh per hidden unit (LSTM)
+    "_thnn_fused_lstm_cell": 1.25, "_thnn_fused_lstm_cell_backward_impl": 0.25, "_thnn_fused_gru_cell": 0.6,
 }
 # floating-point operations per output element, where not 1
 _FLOPS_PER_ELEMENT: dict[str, float] = {
@@ -213,6 +216,9 @@ _FLOPS_PER_ELEMENT: dict[str, float] = {
     "gelu_backward": 12, "silu": 4, "silu_backward": 6, "sigmoid": 4, "tanh": 4, "_softmax": 5,
     "_log_softmax": 5, "_softmax_backward_data": 4, "_log_softmax_backward_data": 4, "addcmul": 2,
     "addcdiv": 2, "lerp": 3, "mse_loss": 3, "_fused_adam": 16, "_fused_adamw": 17,
+    # fused RNN cells (sigmoid/tanh = 4 FLOPs each, as above; backward rows include the bias-gradient sums)
+    "_thnn_fused_lstm_cell": 9, "_thnn_fused_lstm_cell_backward_impl": 7.5, "_thnn_fused_gru_cell": 5,
+    "_thnn_fused_gru_cell_backward": 7.33,
 }
 def op_cost(name: str, ins: list[torch.Tensor], outs: list[torch.Tensor], args: tuple) -> Cost:
     """The cost of one op from its (device) inputs, outputs and arguments."""

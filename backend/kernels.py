@@ -46,6 +46,100 @@ def _zeros(op: object, a: list, kw: dict) -> torch.Tensor:
     return aten.zeros.default(*a, **kw)
 
 
+# ---------------------------------------------------------------- fused RNN cells
+#
+# On an accelerator ATen's LSTM/GRU cells (nn.LSTM, nn.GRU, their Cell forms, packed or not) compute the
+# gate matmuls as separate mm ops and hand the elementwise rest to one fused op, ``_thnn_fused_*_cell``,
+# whose only kernels are CUDA's. These compute it on the host from its definition, as the same sequence
+# of CPU ops the CPU path runs (ATen's LSTMCell/GRUCell for CPU, and the autograd graph of those ops for
+# the backward), on tensors of the same shapes and layouts: a vectorised CPU kernel may round an element
+# differently at a row's scalar tail, so layout is part of the definition. A cell on tpu therefore gives
+# CPU's bits whenever the gate matmuls do (mm + bias == addmm). Each op is one record in the trace:
+# one elementwise kernel, as on a TPU where XLA fuses it. Outputs and workspaces are as CUDA's: the LSTM
+# workspace is the activated gates [i|f|g|o], the GRU one [r|z|n|hx|hn + b_hn].
+
+def _arg(a: list, kw: dict, i: int, name: str) -> object:
+    return a[i] if i < len(a) else kw.get(name)
+
+
+def _gates(input_gates: torch.Tensor, hidden_gates: torch.Tensor, input_bias: torch.Tensor | None,
+           hidden_bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """What CPU's ``linear_ih(x)`` and ``linear_hh(h)`` return: the gate matmuls plus their biases. The
+    hidden one is written in place next, so it is always a fresh tensor, never an input."""
+    i_gates = input_gates + input_bias if input_bias is not None else input_gates
+    h_gates = hidden_gates + hidden_bias if hidden_bias is not None else hidden_gates.clone()
+    return i_gates, h_gates
+
+
+def _lstm_cell(op: object, a: list, kw: dict) -> tuple:
+    """``_thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias, hidden_bias) -> (hy, cy, workspace)``."""
+    igates, hgates, cx = a[0], a[1], a[2]
+    i_gates, gates = _gates(igates, hgates, _arg(a, kw, 3, "input_bias"), _arg(a, kw, 4, "hidden_bias"))
+    gates.add_(i_gates)
+    ingate, forgetgate, cellgate, outgate = gates.unsafe_chunk(4, 1)
+    ingate.sigmoid_()
+    forgetgate.sigmoid_()
+    cellgate.tanh_()
+    outgate.sigmoid_()
+    cy = (forgetgate * cx).add_(ingate * cellgate)
+    hy = outgate * cy.tanh()
+    return hy, cy, gates
+
+
+def _lstm_cell_backward(op: object, a: list, kw: dict) -> tuple:
+    """``_thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_bias)
+    -> (grad_gates, grad_cx, grad_bias)``: CPU autograd's steps through the forward above."""
+    grad_hy, grad_cy, cx, cy, workspace, has_bias = a[:6]
+    if grad_hy is None and grad_cy is None:
+        return None, None, None
+    ingate, forgetgate, cellgate, outgate = workspace.unsafe_chunk(4, 1)
+    grad_out = None
+    if grad_hy is not None:                      # hy = outgate * tanh(cy)
+        tanh_cy = cy.tanh()
+        grad_out = grad_hy * tanh_cy
+        grad_c = aten.tanh_backward(grad_hy * outgate, tanh_cy)
+        grad_cy = grad_c if grad_cy is None else grad_cy + grad_c
+    grad_cx = grad_cy * forgetgate               # cy = forgetgate * cx + ingate * cellgate
+    grads = [aten.sigmoid_backward(grad_cy * cellgate, ingate),
+             aten.sigmoid_backward(grad_cy * cx, forgetgate),
+             aten.tanh_backward(grad_cy * ingate, cellgate),
+             aten.sigmoid_backward(grad_out, outgate) if grad_out is not None else torch.zeros_like(grad_cx)]
+    grad_gates = torch.cat(grads, 1)
+    return grad_gates, grad_cx, grad_gates.sum(0) if has_bias else None
+
+
+def _gru_cell(op: object, a: list, kw: dict) -> tuple:
+    """``_thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias, hidden_bias) -> (hy, workspace)``."""
+    igates, hgates, hx = a[0], a[1], a[2]
+    i_gates, h_gates = _gates(igates, hgates, _arg(a, kw, 3, "input_bias"), _arg(a, kw, 4, "hidden_bias"))
+    i_r, i_z, i_n = i_gates.unsafe_chunk(3, 1)
+    h_r, h_z, h_n = h_gates.unsafe_chunk(3, 1)
+    resetgate = h_r.add_(i_r).sigmoid_()
+    inputgate = h_z.add_(i_z).sigmoid_()
+    h_n_biased = h_n.clone()
+    newgate = i_n.add(h_n.mul_(resetgate)).tanh_()
+    hy = (hx - newgate).mul_(inputgate).add_(newgate)
+    return hy, torch.cat([resetgate, inputgate, newgate, hx, h_n_biased], 1)
+
+
+def _gru_cell_backward(op: object, a: list, kw: dict) -> tuple:
+    """``_thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias) -> (grad_input_gates,
+    grad_hidden_gates, grad_hx, grad_input_bias, grad_hidden_bias)``: CPU autograd's steps through the
+    forward above (hy = (hx - n) * z + n; n = tanh(i_n + h_n * r))."""
+    grad_hy, workspace, has_bias = a[:3]
+    resetgate, inputgate, newgate, hx, h_n = workspace.unsafe_chunk(5, 1)
+    newgate = newgate.contiguous()               # CPU's tanh_backward reads n as a whole tensor: same layout
+    grad_hx = grad_hy * inputgate
+    grad_z = aten.sigmoid_backward(grad_hy * (hx - newgate), inputgate)
+    grad_pre_n = aten.tanh_backward(grad_hy + grad_hx.neg(), newgate)     # n's two uses, then tanh
+    grad_r = aten.sigmoid_backward(grad_pre_n * h_n, resetgate)
+    grad_input_gates = torch.cat([grad_r, grad_z, grad_pre_n], 1)
+    grad_hidden_gates = torch.cat([grad_r, grad_z, grad_pre_n * resetgate], 1)
+    if not has_bias:
+        return grad_input_gates, grad_hidden_gates, grad_hx, None, None
+    return grad_input_gates, grad_hidden_gates, grad_hx, grad_input_gates.sum(0), grad_hidden_gates.sum(0)
+
+
 def _no_op(op: object, a: list, kw: dict) -> None:
     """Streams are synchronous on the simulator: nothing to record."""
     return None
@@ -58,4 +152,8 @@ KERNELS: dict[str, Callable[[object, list, dict], object]] = {
     "aten::_efficientzerotensor": _zeros,
     "aten::mse_loss.out": _reduced_loss_out,
     "aten::smooth_l1_loss.out": _reduced_loss_out,
+    "aten::_thnn_fused_lstm_cell": _lstm_cell,
+    "aten::_thnn_fused_lstm_cell_backward_impl": _lstm_cell_backward,
+    "aten::_thnn_fused_gru_cell": _gru_cell,
+    "aten::_thnn_fused_gru_cell_backward": _gru_cell_backward,
 }

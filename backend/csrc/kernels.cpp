@@ -2,7 +2,8 @@
 //
 // Only what must not go through the boxed fallback lives here: factories (they allocate),
 // views and set_ (they must share storage), resize_ (it grows device storage), copies between
-// host and device, and _local_scalar_dense (a host sync). Everything else is backend/fallback.py.
+// host and device, _local_scalar_dense (a host sync) and _has_compatible_shallow_copy_type (asked
+// of both the CPU and the tpu tensor, so never a host alias). Everything else is backend/fallback.py.
 #include "tpu_shim.h"
 
 #include <ATen/EmptyTensor.h>
@@ -189,6 +190,26 @@ at::Tensor unfold(const at::Tensor& self, int64_t dimension, int64_t size, int64
   return at::native::unfold(self, dimension, size, step);
 }
 
+// Module._apply (module.to("tpu"), .cpu(), .to_empty(), .half()) and `param.data = t` ask this whether
+// a tensor's data may be swapped in place (`.data =`), which keeps each Parameter object: ties stay
+// tied and an optimizer built before the move keeps working. c10 answers yes for dense tensors on
+// CPU, CUDA and the other built-in accelerators, and leaves PrivateUse1 to the backend (the comment
+// above TensorImpl::has_compatible_shallow_copy_type; OpenReg overrides this op too). Answer as for
+// CUDA: a dense tpu tensor is compatible with any dense tensor of those backends; everything else
+// (sparse, meta: a meta -> tpu to_empty makes new Parameters on CUDA too) keeps c10's answer.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  if (self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set())) {
+    return true;
+  }
+  auto is_dense = [](c10::DispatchKeySet ks) {
+    using B = c10::BackendComponent;
+    constexpr auto backends = c10::DispatchKeySet({B::CPUBit, B::CUDABit, B::MPSBit, B::HIPBit, B::XPUBit, B::HPUBit,
+                                                   B::MTIABit, B::PrivateUse1Bit});
+    return ks.has_any(c10::DispatchKeySet(c10::DispatchKey::Dense)) && ks.has_any(backends);
+  };
+  return is_dense(self.key_set()) && is_dense(from.key_set());
+}
+
 // ---------------------------------------------------------------- host aliases
 
 struct AliasCtx {
@@ -321,6 +342,15 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", copy_from);
   m.impl("_copy_from_and_resize", copy_from_and_resize);
   m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
+}
+
+// The op is CompositeImplicitAutograd: with a PrivateUse1 kernel, its autograd key would no longer
+// take the composite and would fall through to the Python key first, where a tensor subclass on tpu
+// (DTensor) would be asked about it in __torch_dispatch__. Answer at the autograd key too, as the
+// composite does for CUDA.
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
 }
 
 // A conjugate/negative view copied to or from the device: let the copy kernel see the bit (it

@@ -2,7 +2,7 @@
 
 import json
 
-from test_report import training_trace
+from factories import training_trace
 
 from tpusim.cli import main
 from tpusim.pricing import price

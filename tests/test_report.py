@@ -3,36 +3,16 @@
 import json
 
 import pytest
+from factories import B, C, training_trace
 
 from tpusim.errors import TpusimError
-from tpusim.lint import lint
+from tpusim.lint import RULES, LintWarning, lint
 from tpusim.modes import resolve_modes
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, summary_table, write_report
 from tpusim.report.model import SCHEMA_VERSION
 from tpusim.topology import build_slice
-from tpusim.trace import HostRecord, MemoryRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
-
-A = TensorMeta(1, (64, 128), "bfloat16", 64 * 128 * 2, 1)
-B = TensorMeta(2, (128, 64), "bfloat16", 128 * 64 * 2, 2)
-C = TensorMeta(3, (64, 64), "bfloat16", 64 * 64 * 2, 3)
-
-
-def training_trace(steps: int = 3) -> Trace:
-    records = []
-    for step in range(steps):
-        records += [
-            MemoryRecord(0, "alloc", 3, C.nbytes),
-            OpRecord(0, "aten::mm", "mxu", "bfloat16", (A, B), (C,), flops=2 * 64 * 128 * 64,
-                     bytes_read=A.nbytes + B.nbytes, bytes_written=C.nbytes, matmul=(1, 64, 128, 64),
-                     source="model.py:3"),
-            OpRecord(0, "aten::gelu", "vpu", "bfloat16", (C,), (C,), flops=8 * 64 * 64, transcendentals=64 * 64,
-                     bytes_read=C.nbytes, bytes_written=C.nbytes, source="model.py:4"),
-            HostRecord(0, "sync", reason="item", source="model.py:5"),
-            MemoryRecord(0, "free", 3, C.nbytes),
-            StepMarker(0, step),
-        ]
-    return Trace(renumber(records))
+from tpusim.trace import OpRecord, StepMarker, TensorMeta, Trace, renumber
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +46,15 @@ def test_debug_is_never_faster_than_strict(priced):
 
 
 def test_lint_flags_the_sync_in_the_loop_and_the_half_empty_mxu(priced):
-    _, _, _, report = priced
-    codes = {(w["code"], w["source"]) for w in report["warnings"]}
+    trace, slice_, timelines, report = priced
+    warnings = lint(trace, slice_.chip, timelines["strict"])
+    assert all(isinstance(w, LintWarning) and w.code in RULES for w in warnings)
+    codes = {(w.code, w.source) for w in warnings}
     assert ("host-sync", "model.py:5") in codes
     assert ("mxu-padding", "model.py:3") in codes  # n = 64 on a 128-wide MXU: half the tile idle
+    # report.json holds them as {code, message, source}, in the order of the rules table
+    assert report["warnings"] == [{"code": w.code, "message": w.message, "source": w.source} for w in warnings]
+    assert [w.code for w in warnings] == sorted((w.code for w in warnings), key=list(RULES).index)
 
 
 def test_report_json_is_deterministic(priced, tmp_path):
@@ -150,7 +135,7 @@ def test_lint_reports_recompilations_with_their_source_line():
                              source="train.py:9"), StepMarker(0, step)]
     trace, slice_ = Trace(renumber(records)), build_slice("3d:1x1x1", "v5p")
     warnings = lint(trace, slice_.chip, price(trace, topology=slice_, mode="strict"))
-    assert [(w["code"], w["source"]) for w in warnings if w["code"] == "recompile"] == [("recompile", "train.py:9")]
+    assert [(w.code, w.source) for w in warnings if w.code == "recompile"] == [("recompile", "train.py:9")]
 
 
 def test_lint_flags_collectives_that_compute_cannot_hide():
@@ -161,20 +146,21 @@ def test_lint_flags_collectives_that_compute_cannot_hide():
                             StepMarker(0, 0)]), world_size=64)
     slice_ = build_slice("3d:4x4x4", "v5p")
     warnings = lint(trace, slice_.chip, price(trace, topology=slice_, mode="strict"))
-    (bound,) = [w for w in warnings if w["code"] == "comm-bound"]
-    assert "2550 tokens per chip" in bound["message"]  # 4.59e14 FLOP/s / (2 x 9e10 B/s), the scaling book's figure
+    (bound,) = [w for w in warnings if w.code == "comm-bound"]
+    assert "2550 tokens per chip" in bound.message  # 4.59e14 FLOP/s / (2 x 9e10 B/s), the scaling book's figure
 
 
 def test_measured_section_sets_real_times_beside_the_prediction(priced, tmp_path):
     from tpusim.measure import JaxDevice, ModeRun
-    from tpusim.report import measured_section
+    from tpusim.report import Measured, measured_section
     from tpusim.report.measured import not_tpu_note
 
-    _, _, timelines, report = priced
-    runs = [ModeRun("debug", (2.0, 0.3, 0.5, 0.4), 3.2, target_mode="debug"),
+    trace, slice_, timelines, report = priced
+    runs = (ModeRun("debug", (2.0, 0.3, 0.5, 0.4), 3.2, target_mode="debug"),
             ModeRun("strict", (1.0, 0.2, 0.2), 1.4, target_mode="strict"),
-            ModeRun("fused", (0.5,), None, exit_code=1, error_type="RuntimeError", error="Traceback ...\n")]
-    cpu = measured_section(JaxDevice("cpu", "cpu", "0.10.2"), "v5p", "default", runs, report["modes"])
+            ModeRun("fused", (0.5,), None, exit_code=1, error_type="RuntimeError", error="Traceback ...\n"))
+    on_cpu = Measured(JaxDevice("cpu", "cpu", "0.10.2"), "v5p", "default", runs)
+    cpu = measured_section(on_cpu, report["modes"])
     assert cpu["baseline"] == "strict" and cpu["notes"] == [not_tpu_note("cpu")]
     debug, strict, fused = (cpu["modes"][m] for m in ("debug", "strict", "fused"))
     assert (debug["steps"], debug["first_step_s"], debug["step_time_median_s"]) == (4, 2.0, 0.4)
@@ -186,13 +172,38 @@ def test_measured_section_sets_real_times_beside_the_prediction(priced, tmp_path
     assert fused["simulated_step_time_median_s"] is None and fused["ratio"]["simulated"] is None  # not priced
     # on a TPU tpusim knows, no note; on one it has no chip for, or with --chip, the note says what was priced
     tpu = JaxDevice("tpu", "TPU v5 lite", "0.10.2")
-    assert measured_section(tpu, "v5e", "device", runs[:1], report["modes"])["notes"] == []
-    assert measured_section(tpu, "v5e", "device", runs[:1], report["modes"])["baseline"] == "debug"
-    assert "--chip" in measured_section(tpu, "v5p", "--chip", runs, report["modes"])["notes"][0]
-    full = {**report, "measured": cpu}
+    assert measured_section(Measured(tpu, "v5e", "device", runs[:1]), report["modes"])["notes"] == []
+    assert measured_section(Measured(tpu, "v5e", "device", runs[:1]), report["modes"])["baseline"] == "debug"
+    assert "--chip" in measured_section(Measured(tpu, "v5p", "--chip", runs), report["modes"])["notes"][0]
+    full = build_report(RunInfo("model.py", argv=("--steps", "3")), trace, slice_, timelines,
+                        lint(trace, slice_.chip, timelines["strict"]), measured=on_cpu)
+    assert {k: v for k, v in full.items() if k != "measured"} == report     # the rest is the same report
+    assert full["measured"]["modes"]["debug"]["ratio"]["measured"] == pytest.approx(0.4 / 0.2)
     table = summary_table(full, "reports/x")
     assert "vs strict, measured" in table and f"note: {not_tpu_note('cpu')}" in table
     assert "measured fused: the run failed with RuntimeError" in table
     page = (write_report(tmp_path, full, timelines) / "report.html").read_text()
     assert "Measured on the PJRT target" in page and "Traceback ..." in page
     assert json.loads((tmp_path / "report.json").read_text())["measured"]["modes"]["strict"]["steps"] == 3
+
+
+def test_distributed_and_placement_sections_come_from_their_typed_parts():
+    from tpusim.placement import compare, distributed_info
+    from tpusim.trace import CollectiveRecord, Mesh, TraceMeta
+
+    records = []
+    for step in (1, 2):
+        records += [CollectiveRecord(0, "all_reduce", 1 << 20, (0, 1), mesh_axis="tp"), StepMarker(0, step)]
+    meta = TraceMeta(ranks="one", meshes=(Mesh(("dp", "tp"), (4, 2), tuple(range(8))),))
+    trace, slice_ = Trace(renumber(records), world_size=8, meta=meta), build_slice("3d:2x2x2", "v5p")
+    timelines = {"strict": price(trace, topology=slice_)}
+    report = build_report(RunInfo("train.py"), trace, slice_, timelines, distributed=distributed_info(trace, slice_),
+                          placements=compare(trace, slice_, lambda t, s: price(t, topology=s)))
+    assert report["distributed"] == {"ranks": "one", "world_size": 8, "placement": "tp=x,dp=yz", "numerics_rule": "",
+                                     "not_reference_correct": []}
+    placements = report["placements"]
+    assert placements["mesh"] == {"dim_names": ["dp", "tp"], "shape": [4, 2]} and placements["default"] == "tp=x,dp=yz"
+    assert set(placements["ranked"][0]) == {"placement", "total_s", "step_s", "collective_s", "by_dim", "axes",
+                                            "algorithms"}
+    assert json.loads(json.dumps(report)) == report        # plain JSON all the way down
+    assert "distributed" not in build_report(RunInfo("train.py"), trace, slice_, timelines)

@@ -10,11 +10,15 @@ import pytest
 from tpusim.chips_table import format_chips_table, source_document
 from tpusim.errors import TpusimError
 from tpusim.spec import (
-    DEFAULT_CHIP_FOR_DIMS,
+    PLAIN_KEYS,
+    TOPOLOGY_DIMS,
     ChipSpec,
     available_chips,
+    chip_for_device_kind,
     chip_sources,
     chips_dir,
+    default_chip,
+    default_chip_for_dims,
     is_estimate,
     load_chip,
 )
@@ -34,7 +38,7 @@ def test_every_chip_file_loads_with_a_source_for_every_value(name):
     chip = load_chip(name)
     sources = chip_sources(name)
     assert chip.name == name
-    assert set(sources) == set(FIELDS) - {"name", "display_name"}
+    assert set(sources) == set(FIELDS) - set(PLAIN_KEYS)   # every chip file names its JAX device kinds too
     assert all(text.strip() for text in sources.values())
     assert load_chip(name.upper()) is chip  # case-insensitive, and cached
 
@@ -95,10 +99,20 @@ def test_scaling_book_link_bandwidths():
         "v4": 4.5e10, "v5e": 4.5e10, "v5p": 9e10, "v6e": 9e10}
 
 
-def test_default_chip_for_every_dimensionality_exists():
-    for dims, name in DEFAULT_CHIP_FOR_DIMS.items():
-        chip = load_chip(name)
-        assert chip.torus_dims == max(dims, 2)
+def test_the_defaults_come_from_the_chip_files():
+    assert default_chip().name == "v5p"
+    assert {dims: default_chip_for_dims(dims).name for dims in TOPOLOGY_DIMS} == {1: "v5e", 2: "v6e", 3: "v5p"}
+    for dims in TOPOLOGY_DIMS:
+        assert default_chip_for_dims(dims).torus_dims == max(dims, 2)   # a 1-D ring is a row of a 2-D torus
+
+
+@pytest.mark.parametrize("name", CHIPS)
+def test_every_chip_is_found_by_each_of_its_jax_device_kinds(name):
+    chip = load_chip(name)
+    assert chip.jax_device_kinds
+    for kind in chip.jax_device_kinds:
+        assert chip_for_device_kind(kind) is chip
+        assert chip_for_device_kind(kind.upper().replace(" ", "  ")) is chip   # case and spacing ignored
 
 
 def test_chips_table_has_a_row_per_chip_and_lists_sources():
@@ -207,6 +221,37 @@ def test_unknown_chip_lists_the_available_ones():
         load_chip("v9")
     assert "unknown chip 'v9'" in str(info.value)
     assert all(name in str(info.value) for name in CHIPS)
+
+
+def test_device_kinds_must_be_a_list_of_strings(tmp_path):
+    text = good_toml().replace('value = ["TPU v5", "TPU v5p"]', 'value = "TPU v5"')
+    assert "jax_device_kinds" in load_error(write(tmp_path, text))
+
+
+def test_a_default_for_the_wrong_dimensionality_is_refused(tmp_path):
+    text = good_toml().replace("default_for_dims = [3]", "default_for_dims = [2]")
+    message = load_error(write(tmp_path, text))
+    assert "default_for_dims lists 2" in message and "3-D torus" in message
+    text = good_toml().replace("default_for_dims = [3]", "default_for_dims = [4]")
+    assert "topology dimensionalities" in load_error(write(tmp_path, text))
+
+
+def test_the_defaults_must_be_unique(tmp_path, monkeypatch):
+    (tmp_path / "chips").mkdir()
+    write(tmp_path / "chips", good_toml())
+    write(tmp_path / "chips", good_toml().replace('name = "v5p"', 'name = "v5q"'), name="v5q")
+    monkeypatch.setenv("TPUSIM_TOPOLOGIES", str(tmp_path))
+    with pytest.raises(TpusimError, match="exactly one chip file .* default = true; found: v5p, v5q"):
+        default_chip()
+    with pytest.raises(TpusimError, match="must list 2 in default_for_dims; found: none"):
+        default_chip_for_dims(2)
+
+
+def test_optional_names_and_defaults_may_be_left_out(tmp_path):
+    text = re.sub(r"\[jax_device_kinds\]\nvalue = .*\nsource = .*\n", "", good_toml())
+    text = text.replace("default = true\n", "").replace("default_for_dims = [3]\n", "")
+    chip = load_chip(write(tmp_path, text))
+    assert (chip.jax_device_kinds, chip.default, chip.default_for_dims) == ((), False, ())
 
 
 def test_topologies_folder_can_be_overridden(tmp_path, monkeypatch):

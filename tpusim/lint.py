@@ -1,48 +1,52 @@
 """TPU-readiness lint: what in a program will cost more on a TPU than its author expects.
 
-Checks: float64/complex use, host syncs inside the step loop, matmul shapes that waste MXU tiles,
-HBM near capacity, recompilations, a per-chip batch too small for compute to hide collectives, and
-torch.compile's graph breaks, Dynamo recompilations and graphs that could not be lowered.
-
-Each check reads the trace (and a priced Timeline) and returns warnings as plain dicts
-``{code, message, source}``; adding a check = one function in ``CHECKS``.
+Each rule reads the trace (and a priced Timeline) and finds ``(message, source)`` pairs; ``lint``
+turns them into ``LintWarning(code, message, source)`` values, in the order of ``RULES``, the one
+table of lint codes (report.json's ``warnings[].code``). Adding a lint rule = one function and
+one row in ``RULES``.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
 from tpusim.compute import matmul_padding
 from tpusim.spec import ChipSpec
 from tpusim.timeline import Timeline
 from tpusim.trace import HostRecord, OpRecord, StepMarker, Trace
 
-Warning_ = dict[str, str]
 HBM_NEAR_CAPACITY = 0.9
 MXU_WASTE_SHARE = 0.05   # shapes with at least 5% of the program's matmul FLOPs...
 MXU_USEFUL_OK = 0.75     # ...that use under 75% of the MXU tiles they occupy
 
 
-def _warning(code: str, message: str, source: str = "") -> Warning_:
-    return {"code": code, "message": message, "source": source}
+@dataclass(frozen=True)
+class LintWarning:
+    """One finding: its rule's code, what to do about it, and the user's line ("" when it has none)."""
+
+    code: str
+    message: str
+    source: str = ""
 
 
-def float64_use(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Warning_]:
+Finding = tuple[str, str]   # (message, source)
+
+
+def float64_use(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
     """TPUs have no native float64/complex: such ops run on the host (or as f32) and are slow."""
     found = Counter((op.op, op.source) for op in trace.of_kind(OpRecord)
                     if op.dtype in ("float64", "complex64", "complex128"))
-    ops = trace.meta.get("f64_ops") or []
-    warnings = [_warning("float64", f"{op} uses float64/complex ({n}x): TPUs have no native f64; "
-                                    f"it runs on the host. Use float32 or bfloat16", source)
-                for (op, source), n in sorted(found.items())]
-    if ops and not warnings:
-        warnings.append(_warning("float64", f"ops ran on the host for float64/complex: {', '.join(sorted(ops))}"))
-    return warnings
+    ops = trace.meta.f64_ops or ()
+    findings = [(f"{op} uses float64/complex ({n}x): TPUs have no native f64; it runs on the host. "
+                 f"Use float32 or bfloat16", source) for (op, source), n in sorted(found.items())]
+    if ops and not findings:
+        findings.append((f"ops ran on the host for float64/complex: {', '.join(sorted(ops))}", ""))
+    return findings
 
 
-def syncs_in_step_loop(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Warning_]:
+def syncs_in_step_loop(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
     """A host sync (.item(), .cpu(), print of a value) inside the training loop stalls the host every
     step: the device queue drains and the host cannot run ahead."""
     seen_step = False
@@ -52,12 +56,11 @@ def syncs_in_step_loop(trace: Trace, chip: ChipSpec, timeline: Timeline | None) 
             seen_step = True
         elif seen_step and isinstance(record, HostRecord) and record.event in ("sync", "d2h"):
             found[(record.reason or record.event, record.source)] += 1
-    return [_warning("host-sync", f"host sync `{reason}` inside the step loop ({n}x): the host waits for "
-                                  f"the device each time; move it out of the loop or log less often", source)
-            for (reason, source), n in sorted(found.items())]
+    return [(f"host sync `{reason}` inside the step loop ({n}x): the host waits for the device each time; "
+             f"move it out of the loop or log less often", source) for (reason, source), n in sorted(found.items())]
 
 
-def mxu_tile_waste(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Warning_]:
+def mxu_tile_waste(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
     """Matmul dimensions that are not multiples of the MXU tile leave part of the array idle. Shapes
     that carry a noticeable share of the program's matmul FLOPs are flagged, whether or not they are
     MXU-bound at this size: a bigger batch makes them so."""
@@ -71,9 +74,9 @@ def mxu_tile_waste(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> l
         if any(size % chip.mxu_size for size in op.matmul[2:]):
             flops[(op.op, op.matmul)] += op.flops
             sources.setdefault((op.op, op.matmul), op.source)
-    warnings = []
+    findings: list[Finding] = []
     for (name, shape), share in flops.most_common():
-        if share < MXU_WASTE_SHARE * total or len(warnings) == 10:
+        if share < MXU_WASTE_SHARE * total or len(findings) == 10:
             break
         batch, m, k, n = shape
         padded = matmul_padding(shape, chip)
@@ -81,22 +84,20 @@ def mxu_tile_waste(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> l
         if useful >= MXU_USEFUL_OK:
             continue
         short = " and ".join(f"{dim}={size}" for dim, size in (("k", k), ("n", n)) if size % chip.mxu_size)
-        warnings.append(_warning(
-            "mxu-padding", f"{name} with (batch, m, k, n) = {shape} ({share / total:.0%} of matmul FLOPs): {short} "
-                           f"not a multiple of the {chip.mxu_size}-wide MXU, so {1 - useful:.0%} of its MXU work "
-                           f"is padding (a head dim of 64 wastes half)", sources[(name, shape)]))
-    return warnings
+        findings.append((f"{name} with (batch, m, k, n) = {shape} ({share / total:.0%} of matmul FLOPs): {short} "
+                         f"not a multiple of the {chip.mxu_size}-wide MXU, so {1 - useful:.0%} of its MXU work "
+                         f"is padding (a head dim of 64 wastes half)", sources[(name, shape)]))
+    return findings
 
 
-def hbm_near_capacity(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Warning_]:
+def hbm_near_capacity(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
     if timeline is None or timeline.peak_hbm_bytes < HBM_NEAR_CAPACITY * chip.hbm_bytes:
         return []
-    return [_warning("hbm", f"HBM peak {timeline.peak_hbm_bytes / 2**30:.1f} GiB is "
-                            f"{timeline.peak_hbm_bytes / chip.hbm_bytes:.0%} of the {chip.name}'s "
-                            f"{chip.hbm_bytes / 2**30:.0f} GiB: little headroom for larger batches")]
+    return [(f"HBM peak {timeline.peak_hbm_bytes / 2**30:.1f} GiB is {timeline.peak_hbm_bytes / chip.hbm_bytes:.0%} "
+             f"of the {chip.name}'s {chip.hbm_bytes / 2**30:.0f} GiB: little headroom for larger batches", "")]
 
 
-def recompilations(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Warning_]:
+def recompilations(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
     """Shapes that change from step to step recompile the same code (the classic PyTorch/XLA pain)."""
     stats = timeline.meta.get("compile_cache") if timeline is not None else None
     if stats is None:
@@ -104,13 +105,12 @@ def recompilations(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> l
     found: dict[str, list] = {}
     for recompile in stats.recompiles:
         found.setdefault(recompile.source, []).append(recompile)
-    return [_warning("recompile", f"{len(items)} recompilation(s) of {items[0].op}: shapes changed from "
-                                  f"{items[0].old_shapes} to {items[0].new_shapes}; pad or bucket them to a few "
-                                  f"fixed shapes", source)
+    return [(f"{len(items)} recompilation(s) of {items[0].op}: shapes changed from {items[0].old_shapes} to "
+             f"{items[0].new_shapes}; pad or bucket them to a few fixed shapes", source)
             for source, items in sorted(found.items())]
 
 
-def communication_bound(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Warning_]:
+def communication_bound(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
     """Collectives that take longer than all the kernels of the program cannot hide behind them: the per-chip batch is
     below the compute-bound threshold (scaling book: C / W_ici, about peak FLOP/s / bidirectional link bytes/s
     tokens per chip for data parallelism on one axis)."""
@@ -121,30 +121,50 @@ def communication_bound(trace: Trace, chip: ChipSpec, timeline: Timeline | None)
     if collective_s <= compute_s:
         return []
     threshold = chip.peak_bf16_flops_per_s / (2 * chip.ici_link_bytes_per_s)
-    return [_warning("comm-bound", f"collectives take {collective_s * 1e3:.3g} ms against {compute_s * 1e3:.3g} ms "
-                                   f"of compute: the per-chip batch is below the compute-bound threshold (on "
-                                   f"{chip.name} about {threshold:.0f} tokens per chip for data parallelism over one "
-                                   f"torus axis, less over several), so communication cannot hide behind compute")]
+    return [(f"collectives take {collective_s * 1e3:.3g} ms against {compute_s * 1e3:.3g} ms of compute: the "
+             f"per-chip batch is below the compute-bound threshold (on {chip.name} about {threshold:.0f} tokens per "
+             f"chip for data parallelism over one torus axis, less over several), so communication cannot hide "
+             f"behind compute", "")]
 
 
-def torch_compile_issues(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Warning_]:
-    """torch.compile's own pains, from the backend's ``trace.meta["torch_compile"]``: a graph break splits a
-    program in two (eager Python between, two launches, no fusion across); a Dynamo recompilation re-traces
-    and re-compiles a function; a graph whose ops the JAX lowering lacks runs op by op."""
-    facts = trace.meta.get("torch_compile") or {}
-    warnings = [_warning("graph-break", f"torch.compile graph break: {b['reason']}; the code around it runs as "
-                                        f"separate programs", b["source"]) for b in facts.get("graph_breaks", [])]
-    warnings += [_warning("dynamo-recompile", f"torch.compile recompiled {r['function']}: {r['reason']}")
-                 for r in facts.get("recompiles", [])]
-    warnings += [_warning("eager-graph", f"torch.compile {g['graph']} ran op by op: no JAX lowering for "
-                                         f"{', '.join(g['missing'])}") for g in facts.get("eager_graphs", [])]
-    return warnings
+def graph_breaks(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
+    """A torch.compile graph break (``trace.meta.torch_compile``) splits a program in two: eager Python between,
+    two launches, no fusion across."""
+    facts = trace.meta.torch_compile
+    return [(f"torch.compile graph break: {b.reason}; the code around it runs as separate programs", b.source)
+            for b in (facts.graph_breaks if facts else ())]
 
 
-CHECKS: tuple[Callable[[Trace, ChipSpec, Timeline | None], list[Warning_]], ...] = (
-    float64_use, syncs_in_step_loop, mxu_tile_waste, hbm_near_capacity, recompilations, communication_bound,
-    torch_compile_issues)
+def dynamo_recompiles(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
+    """A Dynamo recompilation re-traces and re-compiles a function."""
+    facts = trace.meta.torch_compile
+    return [(f"torch.compile recompiled {r.function}: {r.reason}", "") for r in (facts.recompiles if facts else ())]
 
 
-def lint(trace: Trace, chip: ChipSpec, timeline: Timeline | None = None) -> list[dict[str, Any]]:
-    return [warning for check in CHECKS for warning in check(trace, chip, timeline)]
+def eager_graphs(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
+    """A compiled graph whose ops the JAX lowering lacks runs op by op."""
+    facts = trace.meta.torch_compile
+    return [(f"torch.compile {g.graph} ran op by op: no JAX lowering for {', '.join(g.missing)}", "")
+            for g in (facts.eager_graphs if facts else ())]
+
+
+Rule = Callable[[Trace, ChipSpec, Timeline | None], list[Finding]]
+
+# The lint codes, in the order their warnings are listed: code -> (rule, what it flags).
+RULES: dict[str, tuple[Rule, str]] = {
+    "float64": (float64_use, "float64/complex ops, which a TPU runs on the host"),
+    "host-sync": (syncs_in_step_loop, "host syncs (.item(), .cpu(), print) inside the step loop"),
+    "mxu-padding": (mxu_tile_waste, "matmul shapes that leave MXU tiles half empty"),
+    "hbm": (hbm_near_capacity, "HBM peak near the chip's capacity"),
+    "recompile": (recompilations, "the same code compiled again for new shapes"),
+    "comm-bound": (communication_bound, "collectives that compute cannot hide (per-chip batch too small)"),
+    "graph-break": (graph_breaks, "torch.compile graph breaks"),
+    "dynamo-recompile": (dynamo_recompiles, "Dynamo recompilations"),
+    "eager-graph": (eager_graphs, "compiled graphs that ran op by op (no JAX lowering)"),
+}
+
+
+def lint(trace: Trace, chip: ChipSpec, timeline: Timeline | None = None) -> list[LintWarning]:
+    """Every rule's findings, in ``RULES`` order."""
+    return [LintWarning(code, message, source)
+            for code, (rule, _) in RULES.items() for message, source in rule(trace, chip, timeline)]

@@ -5,8 +5,8 @@ to set beside the prediction:
 
 - ``probe_device``: which device JAX has. It runs in a subprocess because on a TPU host only one
   process may hold the chips, and they must stay free for the measured runs.
-- ``chip_for_device_kind``: a TPU's ``device_kind`` -> tpusim's chip name, to price on the chip
-  the script really runs on.
+  (Which tpusim chip a TPU's ``device_kind`` is comes from the chip files:
+  ``tpusim.spec.chip_for_device_kind``, so the script is priced on the chip it really runs on.)
 - ``measure_mode``: the script run for real in ``python -m tpusim.backend.targets.measure_worker``
   with ``TPUSIM_TARGET=pjrt`` and ``TPUSIM_EAGER_MODE=<mode>``. A fresh process per mode starts
   every mode cold (its own jit caches) and records nothing, so no recording overhead distorts the
@@ -33,18 +33,6 @@ INSTALL_HINT = 'pip install -e ".[pjrt]"'
 INTERRUPTED = 130                      # the exit code of a run stopped by Ctrl-C (as the shell reports it)
 TIMED_OUT = 124                        # the exit code of a run stopped by --pjrt-timeout (as timeout(1) reports it)
 STOP_GRACE_S = 10.0                    # how long a stopped worker gets to write its file before it is killed
-
-# JAX's device_kind strings as jax 0.10.2 itself decodes them (jax/_src/pallas/mosaic/tpu_info.py,
-# chip_version_from_device_kind, and jax's tests/pallas/tpu_info_test.py): v5e reports "TPU v5 lite",
-# v5p "TPU v5", v6e (Trillium) "TPU v6 lite", Ironwood "TPU7x"; the spelled-out names are accepted too.
-# Kinds tpusim has no chip file for ("TPU v2", "TPU v3", "TPU v4 lite", "TPU7", "TPU8i") map to None.
-DEVICE_KIND_CHIPS = {
-    "tpu v4": "v4",
-    "tpu v5 lite": "v5e", "tpu v5e": "v5e",
-    "tpu v5": "v5p", "tpu v5p": "v5p",
-    "tpu v6 lite": "v6e", "tpu v6e": "v6e",
-    "tpu7x": "v7",
-}
 
 _PROBE = ("import json, jax; d = jax.devices()[0]; print(json.dumps({'platform': d.platform, "
           "'device_kind': d.device_kind, 'jax_version': jax.__version__}))")
@@ -74,11 +62,6 @@ class ModeRun:
     error_type: str | None = None
     error: str | None = None            # the user's traceback, or why the run gave no result
     target_mode: str | None = None      # the PJRT target's own execution mode, as it reported it
-
-
-def chip_for_device_kind(device_kind: str) -> str | None:
-    """tpusim's chip name for a JAX TPU ``device_kind`` ("TPU v5 lite" -> "v5e"); None when there is none."""
-    return DEVICE_KIND_CHIPS.get(" ".join(device_kind.lower().split()))
 
 
 def require_jax() -> None:

@@ -1,8 +1,15 @@
 """Chip generations as data: ``topologies/chips/<gen>.toml`` -> frozen ``ChipSpec``.
 
-Adding a chip generation = adding one TOML file; nothing in code names a bandwidth.
-Every value in a TOML file carries its public source (or is marked an estimate with
-its reasoning); see topologies/README.md for the file format.
+Adding a chip generation = adding one TOML file; nothing in code names a bandwidth, a chip
+generation or a JAX device kind. Every value in a TOML file carries its public source (or is
+marked an estimate with its reasoning); see topologies/README.md for the file format.
+
+Facts that name chips rather than measure them live in the same files: the JAX ``device_kind``
+strings of a chip (``chip_for_device_kind``: "TPU v5 lite" -> v5e), and tpusim's defaults,
+``default = true`` on the chip used when nothing names one (``default_chip``) and
+``default_for_dims`` on the chip a topology string of that many axes gets
+(``default_chip_for_dims``). Those two are choices, so they are plain keys with a comment, not
+sourced tables.
 """
 
 import dataclasses
@@ -62,6 +69,10 @@ class ChipSpec:
     host_dispatch_ns: float              # host-side cost of dispatching one eager op
     compile_s: float                     # compiling one fused region (first sight)
     collective_overhead_ns: float        # fixed cost of starting one collective
+    # Names and defaults (optional in a file: a field with a default here)
+    jax_device_kinds: tuple[str, ...] = ()   # what JAX's Device.device_kind says on this chip ("TPU v5 lite")
+    default: bool = False                # tpusim's choice: the chip when nothing names one
+    default_for_dims: tuple[int, ...] = ()   # tpusim's choice: topology strings of these many axes get it
 
     @property
     def mxus_per_chip(self) -> int:
@@ -73,14 +84,9 @@ class ChipSpec:
 ENV_TOPOLOGIES = "TPUSIM_TOPOLOGIES"
 ESTIMATE_PREFIX = "estimate: "
 
-# Which chip a topology string gets when the user names none. 1d -> v5e: a 1-D ring is one row of a
-# 2-D torus, so it needs a 2-D generation (4 ports, "full_axis" wrap), and v5e is the small, cheap
-# 2-D chip people reach for in single-host experiments. 2d -> v6e (current 2-D generation),
-# 3d -> v5p (the 3-D generation with full public documentation; v7 numbers are partly estimates).
-DEFAULT_CHIP_FOR_DIMS: dict[int, str] = {1: "v5e", 2: "v6e", 3: "v5p"}
-
+TOPOLOGY_DIMS = (1, 2, 3)                              # "1d:", "2d:", "3d:" topology strings
 WRAP_RULES = ("cube", "full_axis")
-_PLAIN_STRING_KEYS = ("name", "display_name")          # written as plain strings, no source table
+PLAIN_KEYS = ("name", "display_name", "default", "default_for_dims")   # plain values, no source table
 _ZERO_ALLOWED = ("sparsecores_per_chip", "sparsecore_tiles", "sparsecore_simd_width",
                  "sparsecore_gather_bytes_per_s")      # 0 = the chip has no SparseCores
 _TABLE_KEYS = ("value", "source", "estimate", "alternatives")
@@ -123,6 +129,41 @@ def is_estimate(source_text: str) -> bool:
     return source_text.startswith(ESTIMATE_PREFIX)
 
 
+def default_chip() -> ChipSpec:
+    """The chip used when nothing names one: the chip file marked ``default = true``."""
+    marked = [chip for chip in _all_chips() if chip.default]
+    if len(marked) != 1:
+        found = ", ".join(c.name for c in marked) or "none"
+        raise TpusimError(f"exactly one chip file in {chips_dir()} must say default = true; found: {found}")
+    return marked[0]
+
+
+def default_chip_for_dims(ndims: int) -> ChipSpec:
+    """The chip a topology string with ``ndims`` axes gets when no chip is named (its file lists ``ndims``
+    in ``default_for_dims``)."""
+    marked = [chip for chip in _all_chips() if ndims in chip.default_for_dims]
+    if len(marked) != 1:
+        found = ", ".join(c.name for c in marked) or "none"
+        raise TpusimError(f"exactly one chip file in {chips_dir()} must list {ndims} in default_for_dims; "
+                          f"found: {found}")
+    return marked[0]
+
+
+def chip_for_device_kind(device_kind: str) -> ChipSpec | None:
+    """The chip whose file lists JAX's ``device_kind`` ("TPU v5 lite" -> v5e; case and spacing ignored);
+    None when no chip file does (a CPU, a GPU, a TPU generation tpusim has no file for)."""
+    wanted = _kind_key(device_kind)
+    return next((chip for chip in _all_chips() if wanted in map(_kind_key, chip.jax_device_kinds)), None)
+
+
+def _kind_key(device_kind: str) -> str:
+    return " ".join(device_kind.lower().split())
+
+
+def _all_chips() -> list[ChipSpec]:
+    return [load_chip(name) for name in available_chips()]
+
+
 def _resolve(name_or_path: str | os.PathLike) -> Path:
     text = os.fspath(name_or_path)
     looks_like_path = isinstance(name_or_path, os.PathLike) or text.endswith(".toml") or os.sep in text
@@ -154,21 +195,25 @@ def _load_file(path: str) -> tuple[ChipSpec, dict[str, str]]:
     except OSError as error:
         raise TpusimError(f"{path}: cannot read: {error.strerror}") from None
 
-    accepted = [field.name for field in dataclasses.fields(ChipSpec)]
+    fields = dataclasses.fields(ChipSpec)
+    accepted = [field.name for field in fields]
     unknown = [key for key in data if key not in accepted]
     if unknown:
         raise TpusimError(f"{path}: unknown key {unknown[0]!r}; accepted keys: {', '.join(accepted)}")
-    missing = [key for key in accepted if key not in data]
+    required = [field.name for field in fields if field.default is dataclasses.MISSING]
+    missing = [key for key in required if key not in data]
     if missing:
         raise TpusimError(f"{path}: missing key {missing[0]!r}; a chip file needs every one of: "
-                          f"{', '.join(accepted)}")
+                          f"{', '.join(required)}")
 
     hints = typing.get_type_hints(ChipSpec)
     values: dict[str, object] = {}
     sources: dict[str, str] = {}
     for key in accepted:
-        if key in _PLAIN_STRING_KEYS:
-            values[key] = _plain_string(path, key, data[key])
+        if key not in data:
+            continue                                   # optional: the dataclass default
+        if key in PLAIN_KEYS:
+            values[key] = _plain(path, key, data[key], hints[key])
             continue
         raw, sources[key] = _table(path, key, data[key])
         values[key] = _convert(path, key, raw, hints[key])
@@ -181,10 +226,20 @@ def _load_file(path: str) -> tuple[ChipSpec, dict[str, str]]:
     return ChipSpec(**values), sources
 
 
-def _plain_string(path: str, key: str, raw: object) -> str:
-    if not isinstance(raw, str) or not raw.strip():
-        raise TpusimError(f"{path}: {key} must be a non-empty string, e.g. {key} = \"v5p\"")
-    return raw.strip()
+def _plain(path: str, key: str, raw: object, kind: object) -> object:
+    """A plain key (no source table): a name, or one of tpusim's default choices."""
+    if kind is str:
+        if not isinstance(raw, str) or not raw.strip():
+            raise TpusimError(f"{path}: {key} must be a non-empty string, e.g. {key} = \"v5p\"")
+        return raw.strip()
+    if kind is bool:
+        if not isinstance(raw, bool):
+            raise TpusimError(f"{path}: {key} must be true or false, not {raw!r}")
+        return raw
+    if not isinstance(raw, list) or any(isinstance(n, bool) or n not in TOPOLOGY_DIMS for n in raw):
+        raise TpusimError(f"{path}: {key} must be a list of topology dimensionalities from "
+                          f"{list(TOPOLOGY_DIMS)}, e.g. {key} = [3], not {raw!r}")
+    return tuple(raw)
 
 
 def _table(path: str, key: str, raw: object) -> tuple[object, str]:
@@ -221,6 +276,10 @@ def _convert(path: str, key: str, raw: object, kind: object) -> object:
         if not isinstance(raw, str):
             raise TpusimError(f"{where} must be a string, not {raw!r}")
         return raw
+    if typing.get_origin(kind) is tuple and typing.get_args(kind)[0] is str:
+        if not isinstance(raw, list) or not all(isinstance(item, str) and item.strip() for item in raw):
+            raise TpusimError(f"{where} must be a list of strings, e.g. [\"TPU v5 lite\"], not {raw!r}")
+        return tuple(raw)
     if typing.get_origin(kind) is tuple:
         if not isinstance(raw, list) or not raw:
             raise TpusimError(f"{where} must be a list of axis lengths, e.g. [16, 16, 24], not {raw!r}")
@@ -256,6 +315,10 @@ def _check_consistency(path: str, values: dict[str, object]) -> None:
     if len(values["max_slice_shape"]) != values["torus_dims"]:
         raise TpusimError(f"{path}: [max_slice_shape] has {len(values['max_slice_shape'])} axes but "
                           f"torus_dims is {values['torus_dims']}")
+    for ndims in values.get("default_for_dims", ()):
+        if max(ndims, 2) != values["torus_dims"]:
+            raise TpusimError(f"{path}: default_for_dims lists {ndims} but the chip is a {values['torus_dims']}-D "
+                              f"torus; a {ndims}d topology needs a {max(ndims, 2)}-D generation")
     sparse = [key for key in _ZERO_ALLOWED if values[key] == 0]
     if sparse and len(sparse) != len(_ZERO_ALLOWED):
         raise TpusimError(f"{path}: [{sparse[0]}] is 0 but other SparseCore fields are not; a chip "

@@ -354,7 +354,7 @@ def _resolve_chip(chip: str | ChipSpec | None, ndims: int) -> tuple[ChipSpec, bo
     if isinstance(chip, ChipSpec):
         return chip, False
     if chip is None:
-        return _spec.load_chip(_spec.DEFAULT_CHIP_FOR_DIMS[ndims]), True
+        return _spec.default_chip_for_dims(ndims), True
     return _spec.load_chip(chip), False
 
 
@@ -382,8 +382,8 @@ def build_slice(
 ) -> Slice:
     """Build a slice from a topology string, applying the chip generation's shape and wrap rules.
 
-    ``chip`` defaults to ``DEFAULT_CHIP_FOR_DIMS[ndims]`` (2d -> v6e, 3d -> v5p); ``wrap`` overrides the
-    hardware rule per axis (for what-if studies); ``slices`` > 1 joins identical slices over DCN;
+    ``chip`` defaults to ``spec.default_chip_for_dims(ndims)`` (the chip files say: 2d -> v6e, 3d -> v5p);
+    ``wrap`` overrides the hardware rule per axis (for what-if studies); ``slices`` > 1 joins identical slices over DCN;
     ``twisted`` asks for a twisted torus (only legal shapes on twist-capable generations).
     """
     dims = parse_topology(spec)
@@ -392,7 +392,7 @@ def build_slice(
     if len(dims) > want:
         raise TpusimError(f"topology {spec} has {len(dims)} axes but {cs.name} is a {want}D torus: "
                           f"use {want}d:{'x'.join('ABC'[:want])}, or a 3D generation such as "
-                          f"{_spec.DEFAULT_CHIP_FOR_DIMS[3]}")
+                          f"{_spec.default_chip_for_dims(3).name}")
     given = len(dims)
     dims = dims + (1,) * (want - given)
     _check_fits(spec, dims, cs)

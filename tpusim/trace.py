@@ -31,13 +31,22 @@ Example (two lines of a trace file)::
      "outputs": [...], "flops": 2097152, "transcendentals": 0, "bytes_read": 49152,
      "bytes_written": 32768, "matmul": [1, 64, 128, 128], "source": "model.py:12"}
 
+The header's ``meta`` is a ``TraceMeta`` (end of this module): facts about the whole recording
+(the chip, DeviceMesh layouts, --ranks, --placement, torch.compile's graph breaks, float64 ops),
+typed, and on disk one JSON key per fact that is set; an unknown key is an error naming the
+accepted ones.
+
 Adding a record kind = one dataclass with a ``kind`` class variable, listed in ``RECORD_TYPES``.
+Adding a meta fact = one optional field of ``TraceMeta``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import types
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,12 +159,17 @@ _ENUM_FIELD = {"op": ("unit", UNITS), "collective": ("collective", COLLECTIVES),
 
 @dataclass(frozen=True)
 class Trace:
-    """A recorded program: who recorded it and the records in issue order."""
+    """A recorded program: who recorded it, the records in issue order, and facts about the whole
+    recording (``TraceMeta``; a plain dict given here is read as the header's JSON form)."""
 
     records: tuple[Record, ...]
     world_size: int = 1
     rank: int = 0
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: TraceMeta = field(default_factory=lambda: TraceMeta())
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.meta, TraceMeta):
+            object.__setattr__(self, "meta", TraceMeta.from_dict(self.meta))
 
     def of_kind(self, cls: type) -> list:
         return [r for r in self.records if isinstance(r, cls)]
@@ -208,7 +222,7 @@ def write_trace(trace: Trace, path: str | Path) -> None:
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
     header = {"schema": SCHEMA, "version": SCHEMA_VERSION, "world_size": trace.world_size,
-              "rank": trace.rank, "meta": trace.meta}
+              "rank": trace.rank, "meta": trace.meta.to_dict()}
     with tmp.open("w") as out:
         out.write(json.dumps(header, sort_keys=True) + "\n")
         for record in trace.records:
@@ -229,9 +243,175 @@ def read_trace(path: str | Path) -> Trace:
     records = tuple(record_from_dict(json.loads(line), f"{path}:{n}")
                     for n, line in enumerate(lines[1:], start=2) if line.strip())
     return Trace(records=records, world_size=header.get("world_size", 1), rank=header.get("rank", 0),
-                 meta=header.get("meta", {}))
+                 meta=TraceMeta.from_dict(header.get("meta", {}), f"{path}: meta"))
 
 
 def renumber(records: Iterable[Record]) -> tuple[Record, ...]:
     """Give records consecutive ``seq`` numbers (after merging or filtering)."""
     return tuple(dataclasses.replace(r, seq=i) for i, r in enumerate(records))
+
+
+# ---- trace meta: facts about the whole recording (the header's "meta") ----------------------------
+#
+# Written by the backend (recorder, compile, distributed) and by placement; read by lint, placement and
+# the report. On disk the header's "meta" object holds one key per field that is set (None = absent), in
+# the JSON form of its value, exactly as before the fields were typed, so old traces load and old readers
+# read new ones. Adding a meta fact = one field here (optional, None by default) and its writer.
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A DeviceMesh layout as the backend recorded it: dim names, shape, and the logical rank at each mesh
+    index in row-major order (the last, innermost dim varies fastest). tpusim/placement maps its dims onto
+    torus axes."""
+
+    dim_names: tuple[str, ...]
+    shape: tuple[int, ...]
+    ranks: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class InexactCollective:
+    """A ``--ranks one`` collective call site whose result follows the symmetry rule, not the reference."""
+
+    kind: str                       # all_gather, all_reduce, ...
+    source: str                     # the user's file:line
+    count: int                      # calls at that line
+    why: str                        # when the value would be exact anyway
+
+
+@dataclass(frozen=True)
+class RanksOne:
+    """``--ranks one``: the numerics rule for collectives, and the calls whose values it made inexact."""
+
+    rule: str
+    not_reference_correct: tuple[InexactCollective, ...] = ()
+
+
+@dataclass(frozen=True)
+class GraphBreak:
+    """A torch.compile graph break: Dynamo's reason and the user's line."""
+
+    reason: str
+    source: str
+
+
+@dataclass(frozen=True)
+class DynamoRecompile:
+    """A function Dynamo traced again, and the guard that failed."""
+
+    function: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class EagerGraph:
+    """A compiled graph that ran op by op because the JAX lowering lacks some of its ops."""
+
+    graph: str
+    missing: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CompileFacts:
+    """What torch.compile did in the program (backend/compile.py); tpusim/lint.py warns about it."""
+
+    graphs: int = 0
+    graph_breaks: tuple[GraphBreak, ...] = ()
+    recompiles: tuple[DynamoRecompile, ...] = ()
+    eager_graphs: tuple[EagerGraph, ...] = ()
+
+
+RANKS = ("one", "all")
+
+
+@dataclass(frozen=True)
+class TraceMeta:
+    """Facts about a whole recording that no single record carries. Every field is optional: None means
+    the recording did not say (the key is absent on disk)."""
+
+    device: str | None = None               # "tpu"
+    chip: str | None = None                 # the chip the device simulated while recording (TPUSIM_CHIP)
+    devices: int | None = None              # tpu devices in the recording process
+    hbm_bytes: int | None = None            # HBM capacity per device (0 = unlimited)
+    numerics: bool | None = None            # False: shape-only recording (--numerics off)
+    eager_mode: str | None = None           # the eager mode the recording started in
+    f64_ops: tuple[str, ...] | None = None  # ops that ran in float64/complex (on the host)
+    torch_compile: CompileFacts | None = None   # only when the program used torch.compile
+    meshes: tuple[Mesh, ...] | None = None  # every root DeviceMesh on "tpu", in creation order
+    ranks: str | None = None                # "one" (rank 0 priced by symmetry) or "all" (every rank ran)
+    ranks_recorded: tuple[int, ...] | None = None   # --ranks all: the ranks whose traces were merged
+    ranks_one: RanksOne | None = None       # --ranks one: the numerics rule, once a collective used it
+    placement: str | None = None            # --placement the collective groups were remapped by: "tp=x,fsdp=yz"
+
+    def __post_init__(self) -> None:
+        if self.ranks is not None and self.ranks not in RANKS:
+            raise TpusimError(f"trace meta: ranks {self.ranks!r} is not one of {', '.join(RANKS)}")
+
+    def replace(self, **changes: Any) -> TraceMeta:
+        """This meta with ``changes``; an unknown name is an error that lists the accepted ones."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise TpusimError(f"trace meta: unknown key(s) {unknown}; accepted: {', '.join(_META_KEYS)}")
+        return dataclasses.replace(self, **changes)
+
+    def set_fields(self) -> dict[str, Any]:
+        """The fields that are set (not None), as typed values."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The header's JSON form: one key per field that is set."""
+        return {name: _to_json(value) for name, value in self.set_fields().items()}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "trace meta") -> TraceMeta:
+        """The header's JSON form -> TraceMeta; an unknown key or a value of the wrong shape is a
+        TpusimError naming the key and what is accepted."""
+        return _from_json(data, cls, where)
+
+
+_META_KEYS = tuple(f.name for f in dataclasses.fields(TraceMeta))
+
+
+def _to_json(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple | list):
+        return [_to_json(v) for v in value]
+    return value
+
+
+def _from_json(value: Any, kind: Any, where: str) -> Any:
+    """``value`` (parsed JSON) as an instance of the annotated type ``kind``, checked on the way."""
+    if isinstance(kind, types.UnionType):                       # X | None
+        if value is None:
+            return None
+        (kind,) = [k for k in typing.get_args(kind) if k is not type(None)]
+    if typing.get_origin(kind) is tuple:                        # tuple[X, ...]
+        if not isinstance(value, list | tuple):
+            raise TpusimError(f"{where} must be a list, not {value!r}")
+        item = typing.get_args(kind)[0]
+        return tuple(_from_json(v, item, f"{where}[{i}]") for i, v in enumerate(value))
+    if dataclasses.is_dataclass(kind):
+        if not isinstance(value, dict):
+            raise TpusimError(f"{where} must be an object with keys "
+                              f"{', '.join(f.name for f in dataclasses.fields(kind))}, not {value!r}")
+        hints = typing.get_type_hints(kind)
+        fields = {f.name: f for f in dataclasses.fields(kind)}
+        unknown = sorted(set(value) - set(fields))
+        if unknown:
+            raise TpusimError(f"{where}: unknown key(s) {unknown}; accepted: {', '.join(fields)}")
+        missing = [name for name, f in fields.items() if name not in value
+                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise TpusimError(f"{where}: missing key(s) {missing}")
+        return kind(**{name: _from_json(v, hints[name], f"{where}.{name}") for name, v in value.items()})
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TpusimError(f"{where} must be a whole number, not {value!r}")
+    if kind in (str, bool) and not isinstance(value, kind):
+        raise TpusimError(f"{where} must be {'a string' if kind is str else 'true or false'}, not {value!r}")
+    return value

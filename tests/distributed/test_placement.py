@@ -1,14 +1,27 @@
-"""Placement (tpusim/placement.py): parsing, the default mapping, distinct mappings, and that a
-placement moves collective time the way the closed form says."""
+"""Placement (tpusim/placement/): parsing, the default mapping, distinct mappings, remapping and its undo,
+the report's distributed section and terminal lines, and that a placement moves collective time the way
+the closed form says."""
 
 import pytest
 
 from tpusim.collectives import closed_form_time
 from tpusim.errors import TpusimError
-from tpusim.placement import Mesh, compare, default_placement, enumerate_placements, parse_placement, remap, trace_mesh
+from tpusim.placement import (
+    Mesh,
+    apply_placement,
+    compare,
+    default_placement,
+    distributed_info,
+    enumerate_placements,
+    format_placements,
+    logical,
+    parse_placement,
+    remap,
+    trace_mesh,
+)
 from tpusim.pricing import price
 from tpusim.topology import build_slice
-from tpusim.trace import CollectiveRecord, StepMarker, Trace, renumber
+from tpusim.trace import CollectiveRecord, InexactCollective, RanksOne, StepMarker, Trace, TraceMeta, renumber
 
 
 def mesh_of(shape, names=("fsdp", "tp")):
@@ -69,7 +82,7 @@ def _trace(world, shape, tp_bytes, fsdp_bytes):
         records += [CollectiveRecord(0, "all_reduce", tp_bytes, tp, mesh_axis="tp"),
                     CollectiveRecord(0, "all_gather", fsdp_bytes, fsdp, mesh_axis="fsdp"),
                     StepMarker(0, step + 1)]
-    meta = {"meshes": [{"dim_names": ["fsdp", "tp"], "shape": list(shape), "ranks": list(range(world))}]}
+    meta = TraceMeta(meshes=(Mesh(("fsdp", "tp"), tuple(shape), tuple(range(world))),))
     return Trace(renumber(records), world_size=world, meta=meta)
 
 
@@ -94,7 +107,45 @@ def test_placement_moves_collective_time_the_way_the_closed_form_predicts():
 def test_compare_ranks_placements_and_explains_the_winner():
     s = build_slice("3d:4x4x8")
     result = compare(_trace(128, (8, 16), 16 << 20, 4 << 20), s, lambda t, sl: price(t, topology=sl))
-    ranked = result["ranked"]
-    assert len(ranked) >= 3 and ranked[0]["step_s"] <= ranked[-1]["step_s"]
-    assert result["reason"].startswith(ranked[0]["placement"] + " wins")
-    assert "tp" in result["reason"] or "fsdp" in result["reason"]
+    ranked = result.ranked
+    assert len(ranked) >= 3 and ranked[0].step_s <= ranked[-1].step_s
+    assert result.default == "tp=xy,fsdp=z" and result.mesh.dim_names == ("fsdp", "tp")   # tp=16: x then y
+    assert result.reason.startswith(ranked[0].placement + " wins")
+    assert "tp" in result.reason or "fsdp" in result.reason
+    lines = format_placements(None, result).splitlines()
+    assert lines[0] == "placements (ranked by step time):" and lines[1].startswith(f"  1. {ranked[0].placement} ")
+
+
+def test_compare_without_a_mesh_says_why():
+    s = build_slice("3d:2x2x2")
+    result = compare(Trace(renumber([StepMarker(0, 1)]), world_size=8), s, lambda t, sl: price(t, topology=sl))
+    assert result.mesh is None and result.ranked == () and "no DeviceMesh" in result.reason
+    assert format_placements(None, result) == f"placements: {result.reason}\n"
+
+
+def test_placement_is_noted_in_the_meta_and_undone_for_comparison():
+    s = build_slice("3d:2x4x8")
+    trace = _trace(64, (8, 8), 1 << 20, 1 << 20)
+    mapped = apply_placement(trace, s, "tp=z,fsdp=xy")
+    assert mapped.meta.placement == "tp=z,fsdp=xy" and mapped.meta.meshes == trace.meta.meshes
+    assert mapped.records != trace.records                   # collective groups now physical
+    assert logical(mapped, s) == trace                       # and back
+    assert apply_placement(trace, s, None) is trace
+    with pytest.raises(TpusimError, match="needs a DeviceMesh"):
+        apply_placement(Trace(trace.records, world_size=64), s, "tp=z,fsdp=xy")
+
+
+def test_distributed_section_and_the_ranks_one_caveat():
+    s = build_slice("3d:2x4x8")
+    trace = _trace(64, (8, 8), 1 << 20, 1 << 20)
+    assert distributed_info(trace, s) is None                # no --ranks: not a tpusim run recording
+    inexact = InexactCollective("all_gather", "model.py:7", 2, "exact only if every rank's shard is equal")
+    one = Trace(trace.records, world_size=64,
+                meta=trace.meta.replace(ranks="one", ranks_one=RanksOne("symmetry", (inexact,))))
+    info = distributed_info(one, s)
+    assert (info.ranks, info.world_size, info.placement, info.numerics_rule) == ("one", 64, "tp=xy,fsdp=z", "symmetry")
+    assert info.not_reference_correct == (inexact,)
+    assert format_placements(info, None).startswith("--ranks one: values after all_gather follow the symmetry rule")
+    every = distributed_info(Trace(trace.records, world_size=64, meta=trace.meta.replace(ranks="all")), s)
+    assert every.numerics_rule == "exact (every rank ran)" and every.not_reference_correct == ()
+    assert format_placements(every, None) == ""

@@ -4,6 +4,10 @@ The one command that reaches both layers: it imports the PyTorch backend lazily 
 here), records the script's program trace once, and prices it per eager mode. With
 ``--target pjrt`` it also runs the script for real through JAX, once per mode in a fresh
 process (tpusim/measure.py), and sets the measured step times beside the prediction.
+
+The report's parts are typed values (timelines, ``LintWarning``s, ``Distributed``,
+``PlacementComparison``, ``Measured``) handed to ``tpusim.report.build_report`` once, which
+turns them into report.json's dict.
 """
 
 from __future__ import annotations
@@ -16,10 +20,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tpusim.errors import TpusimError
 from tpusim.measure import INTERRUPTED, JaxDevice
+
+if TYPE_CHECKING:
+    from tpusim.report import Measured
 
 EXAMPLES = """\
 The script runs unchanged as __main__ with its own arguments (after --); its tensors on
@@ -131,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     from tpusim.modes import resolve_modes
     from tpusim.pricing import single_chip_topology
     from tpusim.script import check_script, run_script
-    from tpusim.spec import load_chip
+    from tpusim.spec import default_chip, load_chip
     from tpusim.topology import build_slice
 
     script = check_script(args.script)
@@ -140,8 +147,8 @@ def run(args: argparse.Namespace) -> int:
     device = _jax_device(args, progress) if args.target == "pjrt" else None
     chip_arg, chip_from = _chip_choice(args.chip, device)
     if args.topology is None:
-        topology = single_chip_topology(load_chip(chip_arg or "v5p"))
-        chip = chip_arg or "v5p"
+        chip = chip_arg or default_chip().name
+        topology = single_chip_topology(load_chip(chip))
     else:
         topology, chip = args.topology, chip_arg
     try:
@@ -154,15 +161,16 @@ def run(args: argparse.Namespace) -> int:
     if out_dir.exists() and not out_dir.is_dir():
         raise TpusimError(f"--out {out_dir} exists and is not a folder")
 
-    if device is not None:                   # record on the simulator; JAX's device stays free for the real runs
-        os.environ["TPUSIM_TARGET"] = "sim"
-    os.environ["TPUSIM_CHIP"] = slice_.chip.name
-    os.environ["TPUSIM_NUMERICS"] = args.numerics
-    if len(modes) == 1:                      # the script runs in the one mode priced (tpusim/eager.py)
-        os.environ["TPUSIM_EAGER_MODE"] = modes[0]
     progress.say(f"running {script.name} on {slice_.spec} ({slice_.chip.display_name}, "
                  f"{slice_.total_chips} chips), numerics {args.numerics}")
     backend = _import_backend()
+    settings: dict[str, object] = {"chip": slice_.chip, "numerics": args.numerics == "on"}
+    if device is not None:                   # record on the simulator; JAX's device stays free for the real runs
+        settings["target"] = "sim"
+    if len(modes) == 1:                      # the script runs in the one mode priced (tpusim/eager.py)
+        settings["eager_mode"] = modes[0]
+    backend.configure(backend.load_config(**settings))   # the rest (TPUSIM_F64, ...) from the environment
+    os.environ["TPUSIM_NUMERICS"] = args.numerics  # for the script only: examples/*.py print no values when off
     import torch
 
     from tpusim.backend.distributed import runner
@@ -191,9 +199,9 @@ def run(args: argparse.Namespace) -> int:
     measure = None
     if device is not None and outcome.exit_code != INTERRUPTED:
         measure = _measurer(script, args, modes, slice_, device, chip_from, progress)
-    report = _price_and_report(trace, slice_, modes, script, args, outcome, torch.__version__, out_dir,
-                               progress, measure)
-    measured_codes = [m["exit_code"] for m in (report.get("measured") or {}).get("modes", {}).values()]
+    measured = _price_and_report(trace, slice_, modes, script, args, outcome, torch.__version__, out_dir,
+                                 progress, measure)
+    measured_codes = [run.exit_code for run in (measured.runs if measured else ())]
     return outcome.exit_code or next((code for code in measured_codes if code), 0)
 
 
@@ -213,23 +221,23 @@ def _jax_device(args: argparse.Namespace, progress: Progress) -> JaxDevice:
 
 def _chip_choice(chip: str | None, device: JaxDevice | None) -> tuple[str | None, str]:
     """The chip to price on and why: --chip, else the chip of JAX's TPU, else the default (None here)."""
-    from tpusim.measure import chip_for_device_kind
+    from tpusim.spec import chip_for_device_kind
 
     if chip:
         return chip, "--chip"
     found = chip_for_device_kind(device.device_kind) if device is not None and device.is_tpu else None
-    return (found, "device") if found else (None, "default")
+    return (found.name, "device") if found else (None, "default")
 
 
 def _measurer(script: Path, args: argparse.Namespace, modes: list[str], slice_, device: JaxDevice, chip_from: str,
-              progress: Progress) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """What runs each mode for real once the prediction is priced: report -> its ``measured`` section."""
+              progress: Progress) -> Callable[[], Measured]:
+    """What runs each mode for real once the prediction is priced (the report's ``measured`` section)."""
     from tpusim.measure import measure_mode
-    from tpusim.report import measured_section
+    from tpusim.report import Measured
     from tpusim.timeline import step_stats
     from tpusim.units import format_seconds
 
-    def measure(report: dict[str, Any]) -> dict[str, Any]:
+    def measure() -> Measured:
         runs = []
         for mode in modes:
             progress.say(f"measuring {mode}: {script.name} runs for real on JAX's {device.device_kind} "
@@ -244,8 +252,7 @@ def _measurer(script: Path, args: argparse.Namespace, modes: list[str], slice_, 
                          + (f"; it failed with {run.error_type}" if run.error_type else ""))
             if run.exit_code == INTERRUPTED:
                 break
-        world = slice_.total_chips if report["program"]["collectives"] else 1
-        return measured_section(device, slice_.chip.name, chip_from, runs, report["modes"], world)
+        return Measured(device, slice_.chip.name, chip_from, tuple(runs))
 
     return measure
 
@@ -261,9 +268,11 @@ def _import_backend():
 
 
 def _price_and_report(trace, slice_, modes, script, args, outcome, torch_version, out_dir, progress,
-                      measure: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Price every mode, build the report (plus what ``measure`` finds for real), write it, print the summary."""
+                      measure: Callable[[], Measured] | None = None) -> Measured | None:
+    """Price every mode, build the report from its typed parts (plus what ``measure`` finds for real), write
+    it, print the summary; returns what was measured."""
     from tpusim.lint import lint
+    from tpusim.placement import compare, distributed_info, format_placements
     from tpusim.pricing import price
     from tpusim.report import RunInfo, build_report, summary_table, write_report
     from tpusim.trace import write_trace
@@ -277,17 +286,17 @@ def _price_and_report(trace, slice_, modes, script, args, outcome, torch_version
     info = RunInfo(script=str(args.script), argv=tuple(args.script_args), topology=slice_.spec,
                    numerics=args.numerics, target=args.target, torch_version=torch_version,
                    error_type=outcome.error_type, error_traceback=outcome.error)
-    fastest = min(timelines.values(), key=lambda t: t.total_s)
-    report = build_report(info, trace, slice_, timelines, lint(trace, slice_.chip, fastest))
-    from tpusim.placement import format_placements, report_sections
-    fastest_mode = next(m for m, t in timelines.items() if t is fastest)
-    report.update(report_sections(trace, slice_, args.compare_placements,
-                                  lambda t, s: price(t, topology=s, mode=fastest_mode)))
-    if measure is not None:
-        report["measured"] = measure(report)
+    fastest = min(timelines, key=lambda mode: timelines[mode].total_s)
+    warnings = lint(trace, slice_.chip, timelines[fastest])
+    distributed = distributed_info(trace, slice_)
+    placements = (compare(trace, slice_, lambda t, s: price(t, topology=s, mode=fastest))
+                  if args.compare_placements else None)
+    measured = measure() if measure is not None else None
+    report = build_report(info, trace, slice_, timelines, warnings, distributed=distributed, placements=placements,
+                          measured=measured)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_trace(trace, out_dir / "program.jsonl")
     write_report(out_dir, report, timelines)
     print(summary_table(report, str(out_dir)))
-    print(format_placements(report), end="")
-    return report
+    print(format_placements(distributed, placements), end="")
+    return measured

@@ -1,6 +1,7 @@
 """The cost report of a run: report.json (the contract), report.html, PNG figures, trace.json.
 
-``measured_section`` adds what ``tpusim run --target pjrt`` measured for real (report/measured.py).
+``build_report`` (report/model.py) assembles report.json's dict once from a run's typed parts;
+``Measured`` is what ``tpusim run --target pjrt`` measured for real (report/measured.py).
 
 ``write_report`` writes every file atomically (temporary name, then rename), so a crash
 or Ctrl-C never leaves a half-written report.json behind.
@@ -14,14 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from tpusim.report.html import render_html
-from tpusim.report.measured import measured_section
+from tpusim.report.measured import Measured, measured_section
 from tpusim.report.model import RunInfo, build_report
 from tpusim.report.perfetto import perfetto_trace
 from tpusim.report.plots import save_figures
 from tpusim.report.summary import summary_table
 from tpusim.timeline import Timeline
 
-__all__ = ["RunInfo", "build_report", "measured_section", "summary_table", "write_report", "write_atomic"]
+__all__ = ["Measured", "RunInfo", "build_report", "measured_section", "summary_table", "write_report",
+           "write_atomic"]
 
 
 def write_atomic(path: Path, text: str) -> None:

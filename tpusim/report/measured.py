@@ -5,14 +5,16 @@ Absolute times compare only when JAX runs on the chip that was priced. Elsewhere
 GPU) what compares is the shape of the curve: each mode's median step over the baseline mode's
 (strict when it was run), measured and simulated side by side. Wall-clock numbers differ from run to
 run, so this section, unlike the rest of report.json, is not byte-identical across runs.
+
+``Measured`` is what ``tpusim run`` hands to ``build_report``; ``measured_section`` is its JSON form.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from tpusim.measure import JaxDevice, ModeRun
-from tpusim.report.model import rounded
 from tpusim.timeline import step_stats
 
 BASELINE = "strict"
@@ -40,9 +42,21 @@ def notes(device: JaxDevice, chip: str, chip_from: str, world: int = 1) -> list[
     return found
 
 
-def measured_section(device: JaxDevice, chip: str, chip_from: str, runs: list[ModeRun],
-                     simulated: dict[str, dict[str, Any]], world: int = 1) -> dict[str, Any]:
-    """The section for report["measured"]; ``simulated`` is report["modes"] (the priced modes)."""
+@dataclass(frozen=True)
+class Measured:
+    """The real runs of ``--target pjrt``: JAX's device, the chip the prediction was priced on and why
+    ("device", "--chip" or "default"), and one run per mode."""
+
+    device: JaxDevice
+    chip: str
+    chip_from: str
+    runs: tuple[ModeRun, ...]
+
+
+def measured_section(measured: Measured, simulated: dict[str, dict[str, Any]], world: int = 1) -> dict[str, Any]:
+    """The section for report["measured"]; ``simulated`` is report["modes"] (the priced modes), ``world`` the
+    ranks the prediction priced (1 for a program without collectives)."""
+    device, chip, chip_from, runs = measured.device, measured.chip, measured.chip_from, measured.runs
     medians = {run.mode: step_stats(run.steps_s, run.total_s).median_s for run in runs}
     baseline = BASELINE if BASELINE in medians else (runs[0].mode if runs else None)
 
@@ -64,6 +78,6 @@ def measured_section(device: JaxDevice, chip: str, chip_from: str, runs: list[Mo
             "target_mode": run.target_mode, "exit_code": run.exit_code,
             "error": None if run.error_type is None else {"type": run.error_type, "traceback": run.error},
         }
-    return rounded({"platform": device.platform, "device_kind": device.device_kind, "is_tpu": device.is_tpu,
-                    "jax_version": device.jax_version, "chip": chip, "chip_from": chip_from,
-                    "baseline": baseline, "notes": notes(device, chip, chip_from, world), "modes": modes})
+    return {"platform": device.platform, "device_kind": device.device_kind, "is_tpu": device.is_tpu,
+            "jax_version": device.jax_version, "chip": chip, "chip_from": chip_from,
+            "baseline": baseline, "notes": notes(device, chip, chip_from, world), "modes": modes}

@@ -1,5 +1,10 @@
 """report.json: the versioned contract of a tpusim run (schema below), built from Timelines.
 
+``build_report`` is where the typed parts of a run become the JSON dict, once: what ran
+(``RunInfo``), the trace, the slice, one Timeline per mode, the lint warnings
+(``tpusim.lint.LintWarning``), and the optional sections (``tpusim.placement.Distributed``,
+``tpusim.placement.PlacementComparison``, ``tpusim.report.measured.Measured``).
+
 The same inputs give a byte-identical file: no wall-clock times (except in ``measured``, which
 only --target pjrt writes), sorted keys, floats rounded to 9 significant digits, lists in a
 defined order.
@@ -48,13 +53,13 @@ Schema ``tpusim-report`` version 1::
                                  other traffic on the same links), async, source}]
       links                    max_utilisation, mean_utilisation (busy links), busiest
       host_stalls              [{reason, source, seconds}] where the host waited for the device
-    warnings                   [{code, message, source}] (TPU-readiness lint)
-    distributed                (torch.distributed runs only) ranks ("one" | "all"), world_size, placement
+    warnings                   [{code, message, source}] (TPU-readiness lint; codes: tpusim/lint.py RULES)
+    distributed                (tpusim run only) ranks ("one" | "all"), world_size, placement
                                ("tp=x,fsdp=yz"), numerics_rule, not_reference_correct [{kind, source,
                                count, why}]: --ranks one values that follow the symmetry rule
     placements                 (--compare-placements) mesh {dim_names, shape}, default, reason (why the
                                best wins), ranked [{placement, step_s, total_s, collective_s, by_dim,
-                               axes, algorithms}] by step time (tpusim/placement.py)
+                               axes, algorithms}] by step time (tpusim/placement/compare.py)
     measured                   (--target pjrt only; wall-clock times, so they differ run to run) the script run
                                for real through JAX, one fresh process per mode (tpusim/report/measured.py):
       platform, device_kind    JAX's default device ("tpu", "TPU v5 lite"; "cpu", "cpu"); is_tpu, jax_version
@@ -74,10 +79,14 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from tpusim import __version__
+from tpusim.lint import LintWarning
+from tpusim.placement import Distributed, PlacementComparison
+from tpusim.report.measured import Measured, measured_section
 from tpusim.spec import ChipSpec
 from tpusim.timeline import Timeline, step_stats
 from tpusim.topology import Slice
@@ -102,11 +111,12 @@ class RunInfo:
     torch_version: str = ""
     error_type: str | None = None
     error_traceback: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str, Timeline],
-                 warnings: list[dict[str, str]] | None = None) -> dict[str, Any]:
+                 warnings: Sequence[LintWarning] = (), *, distributed: Distributed | None = None,
+                 placements: PlacementComparison | None = None, measured: Measured | None = None) -> dict[str, Any]:
+    """The report.json dict of a run: every section from its typed part (see the module docstring)."""
     chip = slice_.chip
     report = {
         "schema": SCHEMA,
@@ -117,14 +127,31 @@ def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str
         "run": {"script": info.script, "argv": list(info.argv), "tpusim_version": __version__,
                 "torch_version": info.torch_version, "chip": chip.name, "topology": slice_.spec,
                 "world_size": slice_.total_chips, "modes": list(timelines), "numerics": info.numerics,
-                "target": info.target, **info.extra},
+                "target": info.target},
         "chip": chip_summary(chip),
         "slice": slice_.to_dict(),
         "program": program_summary(trace),
         "modes": {mode: mode_report(timeline, trace, chip) for mode, timeline in timelines.items()},
-        "warnings": warnings or [],
+        "warnings": [asdict(w) for w in warnings],
     }
-    return rounded(report)
+    if distributed is not None:
+        report["distributed"] = asdict(distributed)
+    if placements is not None:
+        report["placements"] = placements_section(placements)
+    report = rounded(report)
+    if measured is not None:        # after rounding: it compares with the rounded simulated medians
+        world = slice_.total_chips if report["program"]["collectives"] else 1
+        report["measured"] = rounded(measured_section(measured, report["modes"], world))
+    return report
+
+
+def placements_section(comparison: PlacementComparison) -> dict[str, Any]:
+    """--compare-placements: the mesh (its dims and shape), the default placement, the ranking and why."""
+    if comparison.mesh is None:
+        return {"mesh": None, "ranked": [], "reason": comparison.reason}
+    return {"mesh": {"dim_names": list(comparison.mesh.dim_names), "shape": list(comparison.mesh.shape)},
+            "default": comparison.default, "ranked": [asdict(p) for p in comparison.ranked],
+            "reason": comparison.reason}
 
 
 def chip_summary(chip: ChipSpec) -> dict[str, Any]:

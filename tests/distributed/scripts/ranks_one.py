@@ -27,5 +27,5 @@ with tb.recording() as rec:
     group = dist.new_group([0, 1, 2, 3])
     a = x.clone(); dist.all_reduce(a, group=group); out["sub"] = a.tolist()  # noqa: E702
 out["records"] = [(c.collective, c.bytes, list(c.group)) for c in rec.trace.records if c.kind == "collective"]
-out["meta"] = rec.trace.meta.get("ranks_one", {})
+out["meta"] = rec.trace.meta.to_dict().get("ranks_one", {})
 print("RESULT " + json.dumps(out))

@@ -9,11 +9,18 @@ Importing this package registers the device (it also happens at ``import torch``
         y = (x @ x).relu().sum().item()
     trace = rec.trace          # tpusim.trace.Trace: ops, host syncs, memory, steps
 
-Map: shim.py (compile/load csrc/), device.py (registration), tpu_module.py (torch.tpu),
-fallback.py (the boxed fallback), kernels.py (hand-written kernels table), policy.py (float64),
-debug.py (debug eager mode: NaN/Inf check and log per op),
-costs.py (cost rules), recorder.py (trace), source.py (user source lines), compiler.py
-(Dynamo/Inductor takeover), config.py (TPUSIM_* environment variables).
+Settings come from the TPUSIM_* environment variables at import, or from a caller before the first
+tensor: ``tb.configure(tb.DeviceConfig(chip=tpusim.spec.load_chip("v5e"), numerics=False))``
+(``tb.load_config(chip=...)``: the given fields, the rest from the environment).
+
+Map: shim.py (compile/load csrc/), device.py (registration, ``configure``), config.py (the typed
+``DeviceConfig``; TPUSIM_* variables), state.py (process state, the held target), tpu_module.py
+(torch.tpu), fallback.py (the boxed fallback), schema.py (what an overload's schema says),
+kernels.py (hand-written kernels table), targets/ (what computes op values: sim, pjrt),
+policy.py (float64), debug.py (debug eager mode: NaN/Inf check and log per op), costs.py (cost
+rules), recorder.py (trace), native_hooks.py (the shim's item/copy events), source.py (user
+source lines), compiler.py (Dynamo/Inductor takeover), import_hooks.py (post-import hooks),
+compile.py + program.py + lowering/ (torch.compile), distributed/ (c10d).
 """
 
 from __future__ import annotations
@@ -51,12 +58,14 @@ except Exception as _err:  # at `import torch`, warn instead of breaking torch f
     _warnings.warn(f"tpusim: the tpu device was not registered during `import torch`: {_err} "
                    f"(TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns the autoload off)", RuntimeWarning, stacklevel=2)
 
+from tpusim.backend.config import DeviceConfig, load_config  # noqa: E402
 from tpusim.backend.debug import TpuNonFiniteError  # noqa: E402
+from tpusim.backend.device import configure  # noqa: E402
 from tpusim.backend.policy import TpuFloat64Warning, non_native_ops  # noqa: E402
 from tpusim.backend.recorder import Recording, recording, start, step, stop  # noqa: E402
 
-__all__ = ["Recording", "TpuFloat64Warning", "TpuNonFiniteError", "non_native_ops", "recording", "start", "step",
-           "stop"]
+__all__ = ["DeviceConfig", "Recording", "TpuFloat64Warning", "TpuNonFiniteError", "configure", "load_config",
+           "non_native_ops", "recording", "start", "step", "stop"]
 
 
 from tpusim.backend.compile import compile_stats, dump_stablehlo  # noqa: E402,F401  (torch.compile backend="tpu")

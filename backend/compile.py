@@ -13,15 +13,21 @@ its ops (backend/program.py) marked as one program, which the simulator prices a
 program: fused as a whole, launched once, compiled once per signature (tpusim/fusion.py).
 
 Observability: ``compile_stats()`` lists graph breaks (reason, user source line) and
-recompilations (function, reason) from Dynamo's own records, and the compiled graphs;
+recompilations (function, reason) from Dynamo's own records, and the compiled graphs (a
+recording's ``trace.meta.torch_compile`` gets them too: ``install`` adds a recorder meta source);
 ``dump_stablehlo(fn, *inputs)`` returns the StableHLO text of what ``fn`` compiles to;
 TPUSIM_DUMP_STABLEHLO=<dir> writes each compiled graph's StableHLO to ``<dir>/graph_<n>_<kind>.mlir``.
+
+Dynamo, AOT autograd and jax (with the lowering table, which imports it) are imported inside the
+functions that use them: Dynamo and AOT autograd cost seconds and jax is an optional extra, and
+this module loads with the device at ``import torch``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,7 +35,14 @@ from pathlib import Path
 
 import torch
 import torch.fx
-from tpusim.backend.program import Program
+from tpusim.backend import recorder
+from tpusim.backend.import_hooks import after_import
+from tpusim.backend.program import Program, program_of
+from tpusim.backend.source import is_internal_file
+from tpusim.backend.state import STATE
+from tpusim.backend.targets import flush_pending
+
+from tpusim import trace as trace_meta
 
 BACKEND = "tpu"
 
@@ -81,8 +94,7 @@ _REG = _Registry()
 
 def compile_stats() -> CompileStats:
     """Graphs compiled by the tpu backend, and Dynamo's graph breaks and recompilations, since reset_stats()."""
-    from torch._dynamo.utils import get_compilation_metrics, graph_break_reasons
-    from tpusim.backend.source import is_internal_file
+    from torch._dynamo.utils import get_compilation_metrics, graph_break_reasons  # Dynamo: heavy, see above
 
     breaks, seen = [], set()
     for r in graph_break_reasons:
@@ -97,19 +109,30 @@ def compile_stats() -> CompileStats:
     return CompileStats(list(_REG.graphs), breaks, recompiles)
 
 
-def trace_facts() -> dict:
-    """``compile_stats()`` as plain data for a trace's meta (key ``torch_compile``; tpusim/lint.py reads it)."""
+def trace_facts() -> trace_meta.CompileFacts:
+    """``compile_stats()`` for a trace's meta (``TraceMeta.torch_compile``; tpusim/lint.py reads it)."""
     stats = compile_stats()
-    return {"graphs": len(stats.graphs),
-            "graph_breaks": [{"reason": b.reason, "source": b.source} for b in stats.graph_breaks],
-            "recompiles": [{"function": r.function, "reason": r.reason} for r in stats.recompiles],
-            "eager_graphs": [{"graph": f"graph {g.index} ({g.kind})", "missing": list(g.missing)}
-                             for g in stats.graphs if not g.lowered]}
+    return trace_meta.CompileFacts(
+        graphs=len(stats.graphs),
+        graph_breaks=tuple(trace_meta.GraphBreak(b.reason, b.source) for b in stats.graph_breaks),
+        recompiles=tuple(trace_meta.DynamoRecompile(r.function, r.reason) for r in stats.recompiles),
+        eager_graphs=tuple(trace_meta.EagerGraph(f"graph {g.index} ({g.kind})", tuple(g.missing))
+                           for g in stats.graphs if not g.lowered))
+
+
+def _trace_meta() -> dict:
+    """Recorder meta source (``install``): ``torch_compile`` when the program used torch.compile."""
+    if "torch._dynamo" not in sys.modules:      # never imported: no graph, break or recompile to report
+        return {}
+    stats = compile_stats()
+    if not (stats.graphs or stats.graph_breaks or stats.recompiles):
+        return {}
+    return {"torch_compile": trace_facts()}
 
 
 def reset_stats() -> None:
     """Forget compiled graphs, graph breaks and recompilations (also resets Dynamo's caches)."""
-    import torch._dynamo
+    import torch._dynamo  # Dynamo: heavy, see the module docstring
     from torch._dynamo.utils import clear_compilation_metrics
 
     torch._dynamo.reset()
@@ -120,15 +143,11 @@ def reset_stats() -> None:
 def _host(t: torch.Tensor) -> torch.Tensor:
     """A CPU view of a tensor's memory (zero-copy for tpu tensors)."""
     if t.device.type == "tpu":
-        from tpusim.backend.state import STATE
-
         return STATE.shim.host_alias(t)
     return t
 
 
 def _to_device(outs: list[torch.Tensor], devices: list[torch.device]) -> list[torch.Tensor]:
-    from tpusim.backend.state import STATE
-
     result = []
     for t, dev in zip(outs, devices):
         if dev.type == "tpu":
@@ -149,7 +168,7 @@ def _output_devices(gm: torch.fx.GraphModule) -> list[torch.device | None]:
 
 
 def _spec(t: object) -> object:
-    import jax
+    import jax  # jax: an optional extra, see the module docstring
     from tpusim.backend.lowering.dtypes import jax_dtype
 
     if isinstance(t, torch.Tensor):
@@ -161,7 +180,7 @@ class JaxGraph:
     """One Core ATen graph as a jitted JAX function, called with and returning torch tensors."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str, index: int = 0) -> None:
-        import jax
+        import jax  # jax and the lowering table: an optional extra, see the module docstring
         from tpusim.backend.lowering import jax_function
         from tpusim.backend.lowering.interpreter import needs_random
 
@@ -178,16 +197,13 @@ class JaxGraph:
 
     def _record(self, inputs: list, outputs: list) -> None:
         """While recording: this execution's ops, priced by the simulator as one program."""
-        from tpusim.backend import recorder
-        from tpusim.backend.program import program_of
-
         if self._program is None:
             self._program = program_of(self.gm, self.label)
         recorder.record_program(self._program, inputs, outputs)
 
     def lower(self) -> object:
         """The jax ``Lowered`` of this graph at its example shapes (``.as_text()`` is StableHLO)."""
-        import jax
+        import jax  # jax: an optional extra, see the module docstring
 
         specs = list(self.specs)
         if self.random:
@@ -195,11 +211,9 @@ class JaxGraph:
         return self.jitted.lower(*specs)
 
     def __call__(self, args: list) -> list:
-        import jax
+        import jax  # jax and the lowering table: an optional extra, see the module docstring
         from tpusim.backend.lowering import jax_to_tensor, tensor_to_numpy
         from tpusim.backend.lowering.dtypes import torch_dtype
-        from tpusim.backend.state import STATE
-        from tpusim.backend.targets import flush_pending
 
         flush_pending("program")                         # the PJRT target's pending ops write our inputs
         shapes_only = STATE.numerics is False           # tensors have no memory: shapes and dtypes only
@@ -234,7 +248,7 @@ class JaxGraph:
 
 def _compiler(kind: str) -> Callable:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        from torch._functorch.aot_autograd import make_boxed_func
+        from torch._functorch.aot_autograd import make_boxed_func  # heavy, and the lowering imports jax
         from tpusim.backend.lowering import MissingLowering
 
         index = len(_REG.graphs)
@@ -272,7 +286,7 @@ def _inference_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Calla
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: object) -> Callable:
     """The Dynamo backend: AOT autograd with Core ATen decompositions, each graph lowered to JAX."""
-    from torch._decomp import core_aten_decompositions
+    from torch._decomp import core_aten_decompositions  # Dynamo and AOT autograd: heavy, see above
     from torch._dynamo.backends.common import aot_autograd
 
     return aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
@@ -323,20 +337,8 @@ def _skip_tpusim(trace_rules: object) -> None:
 
 
 def install() -> None:
-    """Make ``backend="tpu"`` known to torch.compile when Dynamo is imported (it costs seconds, so not before)."""
-    from tpusim.backend.compiler import _after_import
-
-    _after_import("torch._dynamo.backends.registry", _register)
-    _after_import("torch._dynamo", lambda dynamo: _skip_tpusim(dynamo.trace_rules))
-
-
-def _target_from_env() -> None:
-    """TPUSIM_TARGET=pjrt: run tpu ops through JAX (backend/targets/pjrt.py; imports jax only then)."""
-    if os.environ.get("TPUSIM_TARGET", "sim").strip().lower() == "pjrt":
-        from tpusim.backend.targets import pjrt
-
-        pjrt.from_env()
-
-
-install()
-_target_from_env()
+    """Make ``backend="tpu"`` known to torch.compile when Dynamo is imported (it costs seconds, so not
+    before), and report its graphs in every recording's meta (backend/device.py calls this)."""
+    after_import("torch._dynamo.backends.registry", _register)
+    after_import("torch._dynamo", lambda dynamo: _skip_tpusim(dynamo.trace_rules))
+    recorder.add_meta_source(_trace_meta)

@@ -5,75 +5,28 @@ PyTorch 2.13 ships a Dynamo ``TpuInterface`` and an Inductor Pallas route for a 
 Ours replace them: the device interface reports our devices, streams and properties; Inductor
 compiles "tpu" graphs with its C++ CPU scheduling, since device memory is host memory (as in
 PyTorch's OpenReg). Both modules are heavy to import, so the takeover runs when (and if) the
-program imports them, through a post-import hook, and never costs anything otherwise.
+program imports them, through a post-import hook (backend/import_hooks.py), and never costs
+anything otherwise.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import sys
-from collections.abc import Callable
 from types import ModuleType
+
+import torch
+from tpusim.backend import tpu_module as tpu
+from tpusim.backend.import_hooks import after_import
 
 _DYNAMO = "torch._dynamo.device_interface"
 _INDUCTOR = "torch._inductor.codegen.common"
 
 
-class _Loader(importlib.abc.Loader):
-    """Runs ``after(module)`` once the wrapped loader has executed the module."""
-
-    def __init__(self, inner: importlib.abc.Loader, after: Callable[[ModuleType], None]) -> None:
-        self.inner, self.after = inner, after
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self.inner.exec_module(module)
-        self.after(module)
-
-
-class _PostImportFinder(importlib.abc.MetaPathFinder):
-    def __init__(self) -> None:
-        self.hooks: dict[str, Callable[[ModuleType], None]] = {}
-
-    def find_spec(self, name: str, path: object, target: object = None) -> importlib.machinery.ModuleSpec | None:
-        after = self.hooks.get(name)
-        if after is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None and spec.loader is not None:
-                del self.hooks[name]
-                spec.loader = _Loader(spec.loader, after)
-                return spec
-        return None
-
-
-_FINDER = _PostImportFinder()
-
-
-def _after_import(name: str, fn: Callable[[ModuleType], None]) -> None:
-    if name in sys.modules:
-        fn(sys.modules[name])
-        return
-    _FINDER.hooks[name] = fn
-    if _FINDER not in sys.meta_path:
-        sys.meta_path.insert(0, _FINDER)
-
-
 def install() -> None:
-    _after_import(_DYNAMO, _take_over_dynamo)
-    _after_import(_INDUCTOR, _take_over_inductor)
+    after_import(_DYNAMO, _take_over_dynamo)
+    after_import(_INDUCTOR, _take_over_inductor)
 
 
 def _take_over_dynamo(mod: ModuleType) -> None:
-    import torch
-    from tpusim.backend import tpu_module as tpu
-
     class TpusimInterface(mod.DeviceInterface):
         device = tpu.device
         Event = tpu.Event
@@ -152,7 +105,7 @@ class _WrapperCodegen:
     @classmethod
     def _real(cls) -> type:
         if cls._cls is None:
-            import torch
+            # Function-level: Inductor is heavy (seconds); this runs only once a program uses it.
             from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 
             class TpusimWrapperCodegen(PythonWrapperCodegen):
@@ -165,7 +118,7 @@ class _WrapperCodegen:
 
                 def _generate_kernel_call_helper(self, kernel_name: str, call_args: list, *,
                                                  device: object = None, **kwargs: object) -> None:
-                    from torch._inductor.virtualized import V
+                    from torch._inductor.virtualized import V  # Inductor is loaded here already
 
                     device = device or V.graph.get_current_device_or_throw()
                     if device.type == "tpu":
@@ -181,7 +134,7 @@ class _WrapperCodegen:
 
 
 def _cpp_scheduling(scheduler: object) -> object:
-    from torch._inductor.codegen.cpp import CppScheduling
+    from torch._inductor.codegen.cpp import CppScheduling  # Inductor: heavy, loaded only by programs using it
 
     return CppScheduling(scheduler)
 

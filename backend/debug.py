@@ -26,8 +26,11 @@ import os
 import sys
 
 import torch
+from tpusim.backend import recorder
+from tpusim.backend.source import user_source
 from tpusim.backend.state import STATE
 
+from tpusim import eager
 from tpusim.errors import TpusimError
 
 _ON, _OFF = ("on", "1", "true", "yes"), ("off", "0", "false", "no", "")
@@ -65,13 +68,10 @@ def apply_mode(mode: str) -> None:
 
 
 def on_change(old: str, new: str) -> None:
-    """tpusim.eager listener: apply the mode and mark the change in the trace (a window boundary)."""
+    """The device's part of a change of eager mode (backend/device.py calls it first): apply the mode and
+    mark the change in the trace (a window boundary)."""
     apply_mode(new)
     if STATE.recording:
-        from tpusim.backend import recorder
-
-        from tpusim import eager
-
         recorder.record_host("dispatch", f"{eager.CHANGE_REASON}{new}")
 
 
@@ -120,8 +120,6 @@ def _flat(obj: object, acc: list) -> list:
 def after(name: str, inputs: list[torch.Tensor], out: object, mutated: list[torch.Tensor], args: tuple,
           kwargs: dict, input_bad: bool) -> None:
     """Log the op and check its floating results; raise ``TpuNonFiniteError`` when it made NaN/Inf."""
-    from tpusim.backend.source import user_source
-
     outs = [o for o in _flat(out, []) if isinstance(o, torch.Tensor) and o.device.type == "tpu"]
     outs += [m for m in mutated if not any(m is o for o in outs)]
     if LOG:

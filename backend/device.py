@@ -1,22 +1,36 @@
-"""Registration: PrivateUse1 becomes the "tpu" device.
+"""Registration: PrivateUse1 becomes the "tpu" device, configured by one ``DeviceConfig``.
 
 Order matters: the shim is configured (devices, HBM, numerics) and its hooks installed before
 the rename; ``torch.tpu`` must exist before anything imports torch.testing (OpInfo picks the
-device up at import); Dynamo/Inductor are taken over lazily (backend/compiler.py).
+device up at import); Dynamo/Inductor are taken over lazily (backend/compiler.py); the
+execution target is chosen last (backend/targets/), once the shim it may listen to is in place.
+
+``register()`` runs at import with the environment's config (backend/config.py ``load_config``);
+``configure(config)`` (``tpusim.backend.configure``) applies a caller's config instead, before
+the first tensor on the device. The device's one eager-mode listener is here too: a change of
+mode reaches debug mode first (backend/debug.py), then the held target.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
+from tpusim.backend import compile as compile_backend
 from tpusim.backend import compiler, debug, fallback, recorder, shim, tpu_module
-from tpusim.backend.config import load_config
+from tpusim.backend.config import DeviceConfig, load_config
 from tpusim.backend.state import STATE
+from tpusim.backend.targets import select
+from tpusim.backend.targets.base import use
+
+from tpusim import eager
+from tpusim.errors import TpusimError
 
 NAME = "tpu"
 
 
-def register() -> None:
-    """Make device "tpu" available in this process (idempotent)."""
+def register(config: DeviceConfig | None = None) -> None:
+    """Make device "tpu" available in this process (idempotent), configured by ``config`` (default: the
+    environment's, ``load_config()``)."""
     if STATE.shim is not None:
         return
     current = torch._C._get_privateuse1_backend_name()
@@ -24,14 +38,10 @@ def register() -> None:
         raise RuntimeError(
             f"tpusim: the PrivateUse1 device is already claimed by {current!r} in this process, so \"tpu\" "
             f"cannot be registered. Import tpusim.backend before that backend, or do not load both.")
-    cfg = load_config()
+    cfg = config or load_config()
+    target = select(cfg.target)                  # first: a target that cannot load fails before any change
     module = shim.load()
-    module.configure(cfg.device_count, cfg.hbm_bytes, not cfg.numerics, cfg.chip, cfg.chip_display)
-    STATE.config = cfg
-    STATE.numerics = cfg.numerics
-    STATE.host_device = torch.device("cpu") if cfg.numerics else torch.device("meta")
-    STATE.default_generators = tuple(module.default_generator(i) for i in range(cfg.device_count))
-    tpu_module.default_generators = STATE.default_generators
+    _apply(module, cfg)
     if current != NAME:
         torch.utils.rename_privateuse1_backend(NAME)
     torch._register_device_module(NAME, tpu_module)
@@ -41,25 +51,70 @@ def register() -> None:
     fallback.install()
     recorder.install()
     compiler.install()
+    compile_backend.install()
     _register_c10d()
-    from tpusim import eager
-
+    if cfg.eager_mode is not None:
+        eager.set_eager_mode(cfg.eager_mode)
     debug.apply_mode(eager.get_eager_mode())       # TPUSIM_EAGER_MODE is checked here, at import
-    eager.on_change(debug.on_change)
     STATE.shim = module
+    use(target)
+    eager.on_change(_mode_changed)
+
+
+def configure(config: DeviceConfig) -> None:
+    """Use ``config`` for the tpu device from now on (``tpusim.backend.configure``). Call it before the
+    first tensor on the device: registration at import used the environment (TPUSIM_*), and memory
+    already allocated cannot change chip, device count or numerics."""
+    if not isinstance(config, DeviceConfig):
+        raise TpusimError(f"tpusim.backend.configure() takes a DeviceConfig (tpusim.backend.config), "
+                          f"not {type(config).__name__}")
+    if STATE.shim is None:                       # the autoload was off, or failed at `import torch`
+        register(config)
+        return
+    if config != STATE.config:
+        if _used():
+            raise TpusimError("tpusim.backend.configure() must come before the first tensor on the tpu device "
+                              "(memory is already allocated with the config it was made with); call it right "
+                              "after importing the backend, or set the TPUSIM_* variables before the program runs")
+        _apply(STATE.shim, config)
+    if config.eager_mode is not None:
+        eager.set_eager_mode(config.eager_mode)      # the listener applies it to debug mode and the target
+    if STATE.target.name != config.target:
+        use(select(config.target))
+
+
+def _apply(module: object, cfg: DeviceConfig) -> None:
+    """Configure the shim and the process state for ``cfg``."""
+    module.configure(cfg.device_count, cfg.hbm_bytes, not cfg.numerics, cfg.chip.name, cfg.chip.display_name)
+    STATE.config = cfg
+    STATE.numerics = cfg.numerics
+    STATE.host_device = torch.device("cpu") if cfg.numerics else torch.device("meta")
+    STATE.default_generators = tuple(module.default_generator(i) for i in range(cfg.device_count))
+
+
+def _used() -> bool:
+    """Whether any device memory was allocated yet."""
+    return any(STATE.shim.stats(i)["allocations"] for i in range(STATE.shim.device_count()))
+
+
+def _mode_changed(old: str, new: str) -> None:
+    """tpusim.eager listener: debug mode applies the new mode and marks it in the trace, then the held
+    target switches its execution (the PJRT target runs pending work first)."""
+    debug.on_change(old, new)
+    STATE.target.on_mode_change(old, new)
 
 
 def _register_c10d() -> None:
     """Make "tpusim" the default c10d backend for "tpu" (``init_process_group()`` with no backend,
     ``init_device_mesh("tpu", ...)``). Only the name is registered here; backend/distributed/ is
     imported when the first process group is created, so importing the device stays cheap."""
-    import torch.distributed as dist
-
     if dist.is_available() and "TPUSIM" not in dist.Backend._plugins:
         dist.Backend.register_backend("tpusim", _create_process_group, extended_api=True, devices=[NAME])
 
 
 def _create_process_group(opts: object, backend_options: object) -> object:
-    from tpusim.backend import distributed  # its import installs the launch-time patches (install())
+    # Function-level: the c10d backend (and the launch-time patches its import installs) must not load
+    # at `import torch`; it loads with the first process group.
+    from tpusim.backend import distributed
 
     return distributed.TpusimProcessGroup(opts, backend_options)

@@ -5,10 +5,13 @@ An op on tpu tensors runs as the CPU kernel on zero-copy host aliases of the dev
 alias an input become views of the device storage, fresh results are adopted without a copy,
 mutated arguments (in-place, out=) get the kernel's new shape and bytes (``sync_back``).
 
-Per call it also: swaps in the device's generator for random ops (so a seeded tpu program
+The values themselves are computed by the held target (``STATE.target.execute``,
+backend/targets/: the CPU kernel at once on the sim target, JAX on the pjrt target). Per call
+the fallback also: swaps in the device's generator for random ops (so a seeded tpu program
 draws what the CPU one draws), refuses mixed CPU/tpu inputs where CUDA would, applies the
 float64 policy (backend/policy.py), hands the op to the recorder when one is active and, in
-debug eager mode, to backend/debug.py (NaN/Inf check at the op).
+debug eager mode, to backend/debug.py (NaN/Inf check at the op). What it needs to know about an
+overload (its ``Plan``) comes from its schema (backend/schema.py), read once.
 Ops whose CPU kernel is wrong for the device are one entry each in backend/kernels.py.
 """
 
@@ -17,18 +20,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from tpusim.backend import debug, kernels, policy, recorder
+from tpusim.backend import debug, kernels, policy, recorder, schema
+from tpusim.backend.schema import DEVICE, DTYPE, TENSOR, TENSOR_LIST
+from tpusim.backend.source import user_source
 from tpusim.backend.state import STATE
 
-_T, _L, _D, _G, _S = 1, 2, 3, 4, 5  # argument kinds: tensor, tensor list, device, generator, dtype
 _F64 = policy.NON_NATIVE_DTYPES
 _CPU_INDEX_OK = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_",
                  "aten::_unsafe_index", "aten::_unsafe_index_put"}
 
 
 @dataclass
-class _Plan:
-    """What the fallback needs to know about one op overload, computed once."""
+class Plan:
+    """What the fallback (and the target computing the op) needs to know about one overload, computed once."""
 
     name: str
     pos: list[tuple[int, int]]       # (position, kind) of the arguments to convert
@@ -42,50 +46,18 @@ class _Plan:
     cpu_ok: bool                      # CPU tensors of any rank may be mixed in (index ops)
 
 
-_PLANS: dict[object, _Plan] = {}
+_PLANS: dict[object, Plan] = {}
 
 
-def _kind(arg: torch._C.Argument) -> int:
-    text = str(arg.type)
-    if text.startswith("Optional["):
-        text = text[9:-1]
-    if text == "Tensor":
-        return _T
-    if text in ("List[Tensor]", "List[Optional[Tensor]]"):
-        return _L
-    if text == "Device":
-        return _D
-    if text == "Generator":
-        return _G
-    if text == "int" and arg.name == "dtype":
-        return _S
-    return 0
-
-
-def _plan(op: torch._ops.OpOverload) -> _Plan:
-    schema = op._schema
-    name = schema.name
-    pos, kw, mutable_pos, mutable_kw = [], {}, [], []
-    gen_index, gen_name = -1, ""
-    for i, arg in enumerate(schema.arguments):
-        kind = _kind(arg)
-        write = arg.alias_info is not None and arg.alias_info.is_write
-        if arg.kwarg_only:
-            if kind:
-                kw[arg.name] = kind
-            if write:
-                mutable_kw.append(arg.name)
-        else:
-            if kind:
-                pos.append((i, kind))
-            if write:
-                mutable_pos.append(i)
-        if kind == _G:
-            gen_index, gen_name = (-1, arg.name) if arg.kwarg_only else (i, "")
+def _plan(op: torch._ops.OpOverload) -> Plan:
+    facts = schema.facts(op)
+    name = facts.name
+    gen_index, gen_name = facts.generator_position, facts.generator_keyword
     random = torch.Tag.nondeterministic_seeded in op.tags or gen_index >= 0 or bool(gen_name)
-    plan = _Plan(name, pos, kw, mutable_pos, mutable_kw, gen_index, gen_name, random,
-                 kernels.KERNELS.get(f"{name}.{op._overloadname}") or kernels.KERNELS.get(name),
-                 name in _CPU_INDEX_OK)
+    plan = Plan(name, list(facts.positional), dict(facts.keyword), list(facts.written_positions),
+                list(facts.written_keywords), gen_index, gen_name, random,
+                kernels.KERNELS.get(f"{name}.{op._overloadname}") or kernels.KERNELS.get(name),
+                name in _CPU_INDEX_OK)
     _PLANS[op] = plan
     return plan
 
@@ -95,7 +67,7 @@ class _Call:
 
     __slots__ = ("plan", "device", "pairs", "f64", "cpu_arg", "inputs")
 
-    def __init__(self, plan: _Plan) -> None:
+    def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.device = -1
         self.pairs: dict[int, torch.Tensor] = {}   # id(alias) -> device tensor
@@ -128,27 +100,25 @@ class _Call:
         return alias
 
     def convert(self, kind: int, value: object) -> object:
-        if kind == _T:
+        if kind == TENSOR:
             return self.tensor(value)
-        if kind == _L:
+        if kind == TENSOR_LIST:
             return [self.tensor(v) for v in value] if value is not None else None
-        if kind == _D:
+        if kind == DEVICE:
             if value is not None and torch.device(value).type == "tpu":
                 d = torch.device(value)
                 if self.device < 0:
                     self.device = d.index if d.index is not None else STATE.shim.current_device()
                 return STATE.host_device
             return value
-        if kind == _S:
+        if kind == DTYPE:
             if value in _F64:
                 self.f64 = True
             return value
         return value
 
 
-def _mixed(plan: _Plan, a: str, b: str, t: torch.Tensor) -> None:
-    from tpusim.backend.source import user_source
-
+def _mixed(plan: Plan, a: str, b: str, t: torch.Tensor) -> None:
     where = user_source()
     raise RuntimeError(
         f"Expected all tensors to be on the same device, but found at least two devices, {a} and {b}! "
@@ -203,19 +173,9 @@ def fallback(op: torch._ops.OpOverload, *args: object, **kwargs: object) -> obje
     return out
 
 
-def _cpu(op: torch._ops.OpOverload, plan: _Plan, hargs: list, hkwargs: dict) -> object:
-    """The sim target's executor: the hand-written kernel or the CPU kernel, on the host aliases."""
-    if plan.kernel is not None:
-        return plan.kernel(op, hargs, hkwargs)
-    return op._op(*hargs, **hkwargs)
-
-
-executor = _cpu  # computes an op's values; the PJRT target (backend/targets/pjrt.py) swaps in its own
-
-
-def _run(op: torch._ops.OpOverload, plan: _Plan, hargs: list, hkwargs: dict) -> object:
+def _run(op: torch._ops.OpOverload, plan: Plan, hargs: list, hkwargs: dict) -> object:
     try:
-        return executor(op, plan, hargs, hkwargs)
+        return STATE.target.execute(op, plan, hargs, hkwargs)
     except NotImplementedError as err:
         if not STATE.numerics and "Meta" in str(err):
             raise NotImplementedError(
@@ -230,7 +190,7 @@ def _run(op: torch._ops.OpOverload, plan: _Plan, hargs: list, hkwargs: dict) -> 
         raise
 
 
-def _run_random(op: torch._ops.OpOverload, plan: _Plan, call: _Call, hargs: list, hkwargs: dict) -> object:
+def _run_random(op: torch._ops.OpOverload, plan: Plan, call: _Call, hargs: list, hkwargs: dict) -> object:
     """Run a random op on the tpu generator's state, through the CPU default generator."""
     if plan.gen_index >= 0:
         gen = hargs[plan.gen_index] if plan.gen_index < len(hargs) else None

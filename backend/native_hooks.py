@@ -13,14 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from tpusim.backend.state import STATE
 
 Listener = Callable[[str, torch.Tensor, torch.Tensor | None], None]
 _listeners: list[Listener] = []
 
 
 def add(listener: Listener, first: bool = False) -> None:
-    from tpusim.backend.state import STATE
-
     if listener in _listeners:
         return
     _listeners.insert(0 if first else len(_listeners), listener)
@@ -28,8 +27,6 @@ def add(listener: Listener, first: bool = False) -> None:
 
 
 def remove(listener: Listener) -> None:
-    from tpusim.backend.state import STATE
-
     if listener in _listeners:
         _listeners.remove(listener)
     if not _listeners:

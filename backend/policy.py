@@ -12,6 +12,8 @@ from __future__ import annotations
 import warnings
 
 import torch
+from tpusim.backend.source import user_source_and_print
+from tpusim.backend.state import STATE
 
 from tpusim.ops import Family, family_of
 
@@ -30,9 +32,6 @@ def non_native_ops() -> list[str]:
 
 def non_native(op_name: str, inputs: list[torch.Tensor]) -> None:
     """Apply the policy to one op with float64/complex tpu inputs (or dtype argument)."""
-    from tpusim.backend.source import user_source_and_print
-    from tpusim.backend.state import STATE
-
     if family_of(op_name) == Family.DATA_MOVEMENT:   # filling/copying float64 is not arithmetic: allowed in every mode
         return
     mode = STATE.config.f64 if STATE.config is not None else "warn"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx
-from tpusim.backend import costs
+from tpusim.backend import costs, schema
 from tpusim.backend.source import is_internal_file
 
 from tpusim.ops import Family
@@ -64,10 +64,6 @@ def _source(node: torch.fx.Node) -> str:
     traced code is all torch's (an nn.Sequential of torch layers): the caller's line is used then."""
     frames = [f for f in _FRAME.findall(node.meta.get("stack_trace") or "") if not is_internal_file(f[0])]
     return f"{os.path.basename(frames[-1][0])}:{frames[-1][1]}" if frames else ""
-
-
-def _is_view(op: torch._ops.OpOverload) -> bool:
-    return any(r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns)
 
 
 class _Builder:
@@ -114,7 +110,7 @@ def program_of(gm: torch.fx.GraphModule, label: str) -> Program:
             if (source, index) in b.of:
                 b.of[(node, 0)] = b.of[(source, index)]
         elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-            if _is_view(node.target):
+            if schema.facts(node.target).returns_view:
                 base = b.value(node.args[0])
                 if base is not None and fakes[0] is not None:
                     b.add(node, 0, fakes[0], b.values[base].base)

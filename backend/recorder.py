@@ -12,11 +12,14 @@ bytes from backend/costs.py; tensors with ids and storage ids, so views show as 
 device-to-device copies as DMA ops, ``HostRecord`` for host syncs (``.item()``, ``.cpu()``,
 printing, ``torch.tpu.synchronize()``) and host<->device copies, ``MemoryRecord`` for every
 device allocation and free, and ``StepMarker`` at each ``optimizer.step()`` or
-``tpusim.backend.step()``. Layers above add through two public calls: ``record_collective``
-(the c10d backend) and ``set_meta`` (facts for ``trace.meta``). When no recording is active the
-fallback pays one attribute check. A torch.compile'd graph's execution is recorded as its ops
-(``record_program``, backend/program.py), numbered by ``OpRecord.program`` so the simulator
-prices them as one XLA program.
+``tpusim.backend.step()``. Layers above add through public calls and are never called back by
+name: ``record_collective`` (the c10d backend), ``set_meta`` (facts for ``trace.meta``),
+``add_meta_source`` (facts computed when a recording stops: torch.compile's graph breaks, from
+backend/compile.py) and ``add_step_listener`` (told of every explicit ``step()``: the measured
+run's clock). When no recording is active the fallback pays one attribute check. A
+torch.compile'd graph's execution is recorded as its ops (``record_program``,
+backend/program.py), numbered by ``OpRecord.program`` so the simulator prices them as one XLA
+program.
 
 Tensor ids: a tensor is identified by (storage id, offset, shape, strides): two Python objects
 viewing the same bytes the same way are the same tensor for dataflow purposes.
@@ -24,9 +27,8 @@ viewing the same bytes the same way are the same tensor for dataflow purposes.
 
 from __future__ import annotations
 
-import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -37,6 +39,7 @@ from tpusim.backend.program import Program
 from tpusim.backend.source import user_source, user_source_and_print
 from tpusim.backend.state import STATE
 
+from tpusim import eager
 from tpusim.ops import Family
 from tpusim.trace import (
     CollectiveRecord,
@@ -47,6 +50,7 @@ from tpusim.trace import (
     StepMarker,
     TensorMeta,
     Trace,
+    TraceMeta,
     renumber,
 )
 
@@ -55,7 +59,7 @@ from tpusim.trace import (
 class Recording:
     """Handle returned by ``recording()``; ``trace`` is set when the block exits."""
 
-    meta: dict = field(default_factory=dict)
+    meta: TraceMeta = field(default_factory=TraceMeta)
     records: list[Record] = field(default_factory=list)
     trace: Trace | None = None
     steps: int = 0
@@ -67,6 +71,8 @@ class Recording:
 
 _ACTIVE: Recording | None = None
 _HOOK_HANDLE = None
+_META_SOURCES: list[Callable[[], dict]] = []
+_STEP_LISTENERS: list[Callable[[], None]] = []
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -220,12 +226,12 @@ def record_collective(kind: str, nbytes: int, group: tuple[int, ...], inputs: li
 
 
 def set_meta(key: str, value: object) -> None:
-    """Put ``key`` into the active recording's trace meta (no-op when nothing records): facts only a
+    """Set field ``key`` of the active recording's ``TraceMeta`` (no-op when nothing records): facts only a
     layer above the recorder knows, such as DeviceMesh layouts and --ranks one caveats."""
     rec = _ACTIVE
     if rec is not None:
         with rec.lock:
-            rec.meta[key] = value
+            rec.meta = rec.meta.replace(**{key: value})
 
 
 def _native(kind: str, a: torch.Tensor, b: torch.Tensor | None) -> None:
@@ -255,8 +261,32 @@ def _native(kind: str, a: torch.Tensor, b: torch.Tensor | None) -> None:
             rec.records.append(HostRecord(0, "h2d", "to_device", size, 0.0, source))
 
 
+def add_meta_source(source: Callable[[], dict]) -> None:
+    """Call ``source()`` each time a recording stops; the trace meta fields it returns (name -> value)
+    are set after the device's own: facts a layer above the recorder gathers (idempotent per source)."""
+    if source not in _META_SOURCES:
+        _META_SOURCES.append(source)
+
+
+def add_step_listener(listener: Callable[[], None]) -> None:
+    """Call ``listener()`` after every explicit ``step()`` (``tpusim.backend.step()``), recording or not."""
+    if listener not in _STEP_LISTENERS:
+        _STEP_LISTENERS.append(listener)
+
+
+def remove_step_listener(listener: Callable[[], None]) -> None:
+    if listener in _STEP_LISTENERS:
+        _STEP_LISTENERS.remove(listener)
+
+
 def step() -> None:
     """Mark a training-step boundary (optimizer.step() does this automatically while recording)."""
+    _mark_step()
+    for listener in list(_STEP_LISTENERS):
+        listener()
+
+
+def _mark_step() -> None:
     rec = _ACTIVE
     if rec is None:
         return
@@ -268,16 +298,14 @@ def step() -> None:
 
 
 def _optimizer_hook(optimizer: object, args: object, kwargs: object) -> None:
-    step()
+    _mark_step()
 
 
-def start(meta: dict | None = None) -> Recording:
+def start(meta: dict[str, object] | None = None) -> Recording:
     global _ACTIVE, _HOOK_HANDLE
     if _ACTIVE is not None:
         raise RuntimeError("tpusim: a recording is already active; nest no recordings")
-    from tpusim.eager import get_eager_mode
-
-    rec = Recording(meta={"eager_mode": get_eager_mode(), **(meta or {})})   # the mode it started in
+    rec = Recording(meta=TraceMeta(eager_mode=eager.get_eager_mode()).replace(**(meta or {})))  # the mode it started in
     STATE.shim.drain_memory_log()
     STATE.shim.set_memory_log(True)
     native_hooks.add(_native)
@@ -302,20 +330,17 @@ def stop() -> Trace:
         _HOOK_HANDLE = None
     _ACTIVE = None
     cfg = STATE.config
-    meta = {"device": "tpu", "chip": cfg.chip, "devices": cfg.device_count, "hbm_bytes": cfg.hbm_bytes,
-            "numerics": cfg.numerics, "f64_ops": policy.non_native_ops(), **rec.meta}
-    if "torch._dynamo" in sys.modules:           # the program used torch.compile: its breaks and recompiles
-        from tpusim.backend.compile import trace_facts
-
-        facts = trace_facts()
-        if facts["graphs"] or facts["graph_breaks"] or facts["recompiles"]:
-            meta["torch_compile"] = facts
+    meta = TraceMeta(device="tpu", chip=cfg.chip.name, devices=cfg.device_count, hbm_bytes=cfg.hbm_bytes,
+                     numerics=cfg.numerics, f64_ops=tuple(policy.non_native_ops()))
+    meta = meta.replace(**rec.meta.set_fields())  # what layers above set wins
+    for source in _META_SOURCES:                 # e.g. torch.compile's breaks and recompiles (backend/compile.py)
+        meta = meta.replace(**source())
     rec.trace = Trace(records=renumber(rec.records), world_size=1, rank=0, meta=meta)
     return rec.trace
 
 
 @contextmanager
-def recording(meta: dict | None = None) -> Iterator[Recording]:
+def recording(meta: dict[str, object] | None = None) -> Iterator[Recording]:
     """Record the tpu ops of the block; ``.trace`` of the yielded handle holds the result."""
     rec = start(meta)
     try:

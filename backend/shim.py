@@ -66,7 +66,7 @@ def load() -> ModuleType:
 
 
 def _build(name: str, build_dir: Path, done_marker: Path) -> ModuleType:
-    from torch.utils import cpp_extension
+    from torch.utils import cpp_extension  # only when building: it pulls in setuptools, slow at `import torch`
 
     build_dir.mkdir(parents=True, exist_ok=True)
     log = build_dir / "build.log"

@@ -11,7 +11,10 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
+from tpusim.backend import recorder
 from tpusim.backend.state import STATE
+
+from tpusim import eager
 
 _device_t = torch.device | str | int | None
 
@@ -97,27 +100,23 @@ class _Properties(NamedTuple):
 
 def get_device_name(device: _device_t = None) -> str:
     """The simulated chip generation, e.g. "TPU v5p"."""
-    return STATE.config.chip_display
+    return STATE.config.chip.display_name
 
 
 def get_device_properties(device: _device_t = None) -> _Properties:
     _index(device)
     cfg = STATE.config
-    return _Properties(cfg.chip_display, cfg.chip, cfg.hbm_bytes, 1)
+    return _Properties(cfg.chip.display_name, cfg.chip.name, cfg.hbm_bytes, 1)
 
 
 def get_eager_mode() -> str:
     """The active eager mode, "debug", "strict" or "fused" (set with tpusim.set_eager_mode)."""
-    from tpusim.eager import get_eager_mode as active
-
-    return active()
+    return eager.get_eager_mode()
 
 
 def synchronize(device: _device_t = None) -> None:
     """Wait for the device: execution is synchronous, so only the recorder notes the sync."""
     if STATE.recording:
-        from tpusim.backend import recorder
-
         recorder.record_host("sync", "synchronize")
 
 
@@ -169,6 +168,14 @@ def stream(s: torch.Stream | None) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------- random numbers
+
+
+def __getattr__(name: str) -> object:
+    """``torch.tpu.default_generators``: the device's generators (``STATE``, set at registration)."""
+    if name == "default_generators":
+        return STATE.default_generators
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def _gen(device: _device_t) -> torch.Generator:
     return STATE.default_generators[_index(device)]

@@ -26,6 +26,8 @@ import os
 import sys
 
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch.distributed.device_mesh import DeviceMesh
 from tpusim.backend.distributed import emit
 from tpusim.backend.distributed.hang import CollectiveMismatchError
 from tpusim.backend.distributed.process_group import TpusimProcessGroup
@@ -58,8 +60,6 @@ def _patch_init_process_group() -> None:
 
     Its "nccl"/"gloo" backend becomes "tpusim" (the slice's interconnect), and with ``--ranks one``
     the rendezvous is a local HashStore, since the other ranks exist only in the simulator."""
-    import torch.distributed.distributed_c10d as c10d
-
     original = c10d.init_process_group
     if getattr(original, "_tpusim", False):
         return
@@ -87,8 +87,6 @@ def _patch_init_process_group() -> None:
 
 def _patch_device_mesh() -> None:
     """Remember every root DeviceMesh on "tpu" (dims, shape, ranks) for placement (emit.MESHES)."""
-    from torch.distributed.device_mesh import DeviceMesh
-
     original = DeviceMesh.__init__
     if getattr(original, "_tpusim", False):
         return

@@ -3,8 +3,8 @@
 The recorder gives collectives the same tensor ids as op records, so ops reading a collective's
 output wait for it in the simulator.
 
-DeviceMesh layouts (dim names, shape, the ranks in row-major order) go into ``trace.meta["meshes"]``
-so tpusim/placement.py can map mesh dimensions onto torus axes without torch.
+DeviceMesh layouts (dim names, shape, the ranks in row-major order) go into ``trace.meta.meshes``
+(``tpusim.trace.Mesh``) so tpusim/placement can map mesh dimensions onto torus axes without torch.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import torch
 from tpusim.backend import recorder
 from tpusim.backend.source import user_source
 from tpusim.backend.state import STATE
+
+from tpusim.trace import Mesh
 
 MESHES: list[dict] = []
 
@@ -28,11 +30,12 @@ def note_mesh(dim_names: tuple[str, ...] | None, ranks: list, shape: tuple[int, 
 
 def _sync_meta() -> None:
     if MESHES and STATE.recording:
-        recorder.set_meta("meshes", [dict(m) for m in MESHES])
+        recorder.set_meta("meshes", tuple(Mesh(tuple(m["dim_names"]), tuple(m["shape"]), tuple(m["ranks"]))
+                                          for m in MESHES))
 
 
 def set_meta(key: str, value: object) -> None:
-    """Put ``key`` into the active recording's trace meta (no-op when nothing records)."""
+    """Set field ``key`` of the active recording's ``TraceMeta`` (no-op when nothing records)."""
     recorder.set_meta(key, value)
 
 

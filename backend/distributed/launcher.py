@@ -9,6 +9,7 @@ takes the store down. A rank that dies without saying why (a signal, ``os._exit`
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -102,8 +103,6 @@ def _pump(proc: subprocess.Popen, rank: int, out: TextIO, lock: threading.Lock) 
 
 def _watch(procs: list[subprocess.Popen], control: dist.Store, result: LaunchResult, grace_s: float) -> None:
     """Wait for every rank; after the first failure give the others ``grace_s`` to stop, then kill them."""
-    import json
-
     deadline = None
     running = set(range(len(procs)))
     while running:

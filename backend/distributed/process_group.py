@@ -31,6 +31,8 @@ from tpusim.backend.source import user_source
 from tpusim.backend.state import STATE
 from tpusim.backend.targets import flush_pending
 
+from tpusim.trace import InexactCollective, RanksOne
+
 _OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum")
 CONTROL: Control | None = None      # set by the world group in --ranks all
 
@@ -345,7 +347,7 @@ INEXACT: dict[tuple[str, str], int] = {}
 def _note_inexact(kind: str, source: str) -> None:
     """Remember a --ranks one collective whose value depends on other ranks' data (for the report)."""
     INEXACT[(kind, source)] = INEXACT.get((kind, source), 0) + 1
-    emit.set_meta("ranks_one", {"rule": numerics.RULE, "not_reference_correct": inexact_entries()})
+    emit.set_meta("ranks_one", RanksOne(numerics.RULE, tuple(InexactCollective(**e) for e in inexact_entries())))
 
 
 def inexact_entries() -> list[dict]:

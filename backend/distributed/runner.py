@@ -2,6 +2,7 @@
 
 ``--ranks auto`` (the default) runs every rank as its own process (``all``) when the slice has
 2..16 chips and the script uses torch.distributed; otherwise one process plays rank 0 (``one``).
+The rank processes get this process's device config (``DeviceConfig.env()``: one variable).
 """
 
 from __future__ import annotations
@@ -11,9 +12,14 @@ import os
 import re
 from pathlib import Path
 
+from tpusim.backend.distributed import install
+from tpusim.backend.distributed.env import torchrun_env
+from tpusim.backend.distributed.launcher import launch
+from tpusim.backend.state import STATE
+
 from tpusim.errors import TpusimError
 from tpusim.script import ScriptOutcome
-from tpusim.trace import Trace, read_trace, renumber
+from tpusim.trace import Trace, TraceMeta, read_trace, renumber
 
 MAX_ALL = 16
 _USES_DIST = re.compile(r"torch\.distributed|init_process_group|DistributedDataParallel|fully_shard|DeviceMesh|"
@@ -33,25 +39,20 @@ def resolve_ranks(requested: str, chips: int, script: Path) -> str:
 
 def prepare_one(world: int, chips_per_host: int) -> None:
     """--ranks one: this process is rank 0 of ``world`` (torchrun's variables; no rendezvous needed)."""
-    from tpusim.backend.distributed.env import torchrun_env
-
     os.environ.update(torchrun_env(0, world, chips_per_host, "one", 29500))
-    import tpusim.backend.distributed  # noqa: F401  (registers the "tpusim" backend)
+    install()                               # the "tpusim" backend and the launch-time patches
 
 
 def record_all(script: Path, argv: list[str], world: int, chips_per_host: int,
                out_dir: Path) -> tuple[Trace, ScriptOutcome]:
-    """--ranks all: one process per rank; their traces merged into one multi-rank trace."""
-    from tpusim.backend.distributed.launcher import launch
-
+    """--ranks all: one process per rank, each with this process's device config; their traces merged
+    into one multi-rank trace."""
     ranks_dir = out_dir / "ranks"
-    result = launch(script, argv, world, chips_per_host, ranks_dir, env={"TPUSIM_NUMERICS": os.environ.get(
-        "TPUSIM_NUMERICS", "on"), "TPUSIM_CHIP": os.environ.get("TPUSIM_CHIP", "v5p")})
+    result = launch(script, argv, world, chips_per_host, ranks_dir, env=STATE.config.env())
     traces = [read_trace(p) for p in result.traces if p.is_file()]
     records = [r for t in traces for r in t.records]
-    meta = dict(traces[0].meta) if traces else {}
-    meta["ranks"] = "all"
-    meta["ranks_recorded"] = [t.rank for t in traces]
+    meta = (traces[0].meta if traces else TraceMeta()).replace(ranks="all",
+                                                                ranks_recorded=tuple(t.rank for t in traces))
     trace = Trace(records=renumber(records), world_size=world, rank=0, meta=meta)
     if result.ok:
         return trace, ScriptOutcome(exit_code=0)
@@ -62,5 +63,5 @@ def record_all(script: Path, argv: list[str], world: int, chips_per_host: int,
 
 
 def ranks_one_meta(trace: Trace) -> Trace:
-    """Mark a --ranks one trace (the rule is in meta["ranks_one"] once a collective used it)."""
-    return dataclasses.replace(trace, meta={**trace.meta, "ranks": "one"})
+    """Mark a --ranks one trace (the rule is in meta.ranks_one once a collective used it)."""
+    return dataclasses.replace(trace, meta=trace.meta.replace(ranks="one"))

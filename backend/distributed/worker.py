@@ -14,6 +14,13 @@ import dataclasses
 import os
 import sys
 
+import torch  # noqa: F401  (before tpusim.backend: the device registers at `import torch`)
+import tpusim.backend as backend
+from tpusim.backend.distributed import process_group
+
+from tpusim.script import run_script
+from tpusim.trace import Trace, write_trace
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tpusim-rank")
@@ -21,14 +28,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-
-    import torch  # noqa: F401  (before tpusim.backend: the device registers at `import torch`)
-    import tpusim.backend as backend
-    from tpusim.backend.distributed import process_group
-
-    from tpusim.script import run_script
-    from tpusim.trace import Trace, write_trace
-
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     with backend.recording() as rec:
         outcome = run_script(args.script, list(args.args))

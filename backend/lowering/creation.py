@@ -15,7 +15,8 @@ from collections.abc import Iterator, Sequence
 import jax
 import jax.numpy as jnp
 import torch
-from tpusim.backend.lowering.dtypes import as_array, default_float, jax_dtype
+from tpusim.backend.lowering.dtypes import as_array, default_float, jax_dtype, torch_dtype
+from tpusim.backend.lowering.elementwise import to_copy
 from tpusim.backend.lowering.registry import register
 
 aten = torch.ops.aten
@@ -128,10 +129,7 @@ def _zero(x: jax.Array) -> jax.Array:
 
 @register(aten.copy.default)
 def _copy(x: jax.Array, src: jax.Array, non_blocking: bool = False) -> jax.Array:
-    from tpusim.backend.lowering.dtypes import torch_dtype
-    from tpusim.backend.lowering.elementwise import _to_copy
-
-    return jnp.broadcast_to(_to_copy(src, dtype=torch_dtype(x.dtype)), x.shape)
+    return jnp.broadcast_to(to_copy(src, dtype=torch_dtype(x.dtype)), x.shape)
 
 
 @register(aten._local_scalar_dense.default, jit=False)

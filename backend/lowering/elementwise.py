@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 from tpusim.backend.lowering.dtypes import Kind, as_array, jax_dtype, promote
+from tpusim.backend.lowering.reductions import vector_norm
 from tpusim.backend.lowering.registry import register
 
 aten = torch.ops.aten
@@ -287,7 +288,7 @@ def _logit(x: jax.Array, eps: float | None = None) -> jax.Array:
 
 
 @register(aten._to_copy.default)
-def _to_copy(x: jax.Array, *, dtype: torch.dtype | None = None, **_: object) -> jax.Array:
+def to_copy(x: jax.Array, *, dtype: torch.dtype | None = None, **_: object) -> jax.Array:
     """Device and layout arguments are the host's business; only the dtype changes values."""
     if dtype is None:
         return jnp.array(x, copy=True)
@@ -335,6 +336,4 @@ def _frexp(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 @register(aten.dist.default)
 def _dist(x: jax.Array, y: jax.Array, p: float = 2) -> jax.Array:
-    from tpusim.backend.lowering.reductions import _vector_norm
-
-    return _vector_norm(_elementwise(jnp.subtract, Kind.DEFAULT, x, y), p)
+    return vector_norm(_elementwise(jnp.subtract, Kind.DEFAULT, x, y), p)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from jax import lax
 from tpusim.backend.lowering.dtypes import jax_dtype
+from tpusim.backend.lowering.matmul import precision
 from tpusim.backend.lowering.registry import register
 
 aten = torch.ops.aten
@@ -547,8 +548,6 @@ def _fft_c2r(x: jax.Array, dim: Sequence[int], normalization: int, last_dim_size
 
 def _attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, causal: bool,
                scale: float | None) -> jax.Array:
-    from tpusim.backend.lowering.matmul import precision
-
     s = jnp.matmul(q, jnp.swapaxes(k, -1, -2), precision=precision()) * (scale or 1.0 / math.sqrt(q.shape[-1]))
     if causal:
         s = jnp.where(jnp.tril(jnp.ones((q.shape[-2], k.shape[-2]), jnp.bool_)), s, -jnp.inf)
@@ -564,8 +563,6 @@ def _encoder_layer(src: jax.Array, embed_dim: int, num_heads: int, qkv_w: jax.Ar
                    f1_b: jax.Array, f2_w: jax.Array, f2_b: jax.Array, mask: jax.Array | None = None,
                    mask_type: int | None = None) -> jax.Array:
     """nn.TransformerEncoderLayer's inference fast path (eval + no_grad), as its unfused math."""
-    from tpusim.backend.lowering.matmul import precision
-
     def linear(x: jax.Array, w: jax.Array, b: jax.Array) -> jax.Array:
         return jnp.matmul(x, w.T, precision=precision()) + b
 

@@ -147,7 +147,7 @@ def _logsumexp(x: jax.Array, dim: Sequence[int], keepdim: bool = False) -> jax.A
 
 
 @register(aten.linalg_vector_norm.default)
-def _vector_norm(x: jax.Array, ord: float = 2, dim: object = None, keepdim: bool = False,  # noqa: A002
+def vector_norm(x: jax.Array, ord: float = 2, dim: object = None, keepdim: bool = False,  # noqa: A002
                  *, dtype: torch.dtype | None = None) -> jax.Array:
     if dtype is not None:
         x = x.astype(jax_dtype(dtype))

@@ -6,6 +6,7 @@ op's returns. It must be traceable by ``jax.jit`` unless registered with ``jit=F
 output shape depends on values, like ``nonzero``). Adding an op = one ``@register`` on one
 function in the module of its family (elementwise, reductions, matmul, shape, indexing, nn,
 creation); an ``OpOverloadPacket`` registers every overload the function's signature accepts.
+What an overload writes and its functional counterpart come from backend/schema.py.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from tpusim.backend.schema import facts, functional_of
 
 OpKey = torch._ops.OpOverload | torch._ops.OpOverloadPacket
 
@@ -48,39 +50,9 @@ def lookup(op: OpKey) -> Lowering | None:
     return entry
 
 
-def functional_of(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
-    """The functional overload computing what an in-place (``add_``) or out= (``add.out``) overload writes."""
-    schema = op._schema
-    name = schema.name.removeprefix("aten::")
-    if name.endswith("_") and not name.endswith("__"):
-        packet = getattr(torch.ops.aten, name[:-1], None)
-        if packet is None:
-            return None
-        same = getattr(packet, op._overloadname, None)
-        if same is not None:
-            return same
-        names = [a.name for a in schema.arguments]
-        return next((getattr(packet, ov) for ov in packet.overloads()
-                     if [a.name for a in getattr(packet, ov)._schema.arguments] == names), None)
-    want = [a.name for a in schema.arguments if not (a.kwarg_only and a.alias_info is not None
-                                                        and a.alias_info.is_write)]
-    packet = op.overloadpacket
-    for ov in packet.overloads():
-        cand = getattr(packet, ov)
-        args = cand._schema.arguments
-        if cand is not op and not any(a.alias_info is not None and a.alias_info.is_write for a in args) \
-                and [a.name for a in args] == want:
-            return cand
-    return None
-
-
 def inplace_target(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     """For an in-place overload that writes only ``self`` (``mul_``, ``copy_``), its functional overload."""
-    args = op._schema.arguments
-    writes = [a for a in args if a.alias_info is not None and a.alias_info.is_write]
-    if len(writes) == 1 and writes[0] is args[0] and not writes[0].kwarg_only and str(writes[0].type) == "Tensor":
-        return functional_of(op)
-    return None
+    return functional_of(op) if facts(op).writes_self_only else None
 
 
 def covered(op: torch._ops.OpOverload) -> bool:

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
+from tpusim.backend.lowering.dtypes import jax_dtype, result_dtype
 from tpusim.backend.lowering.registry import register
 
 aten = torch.ops.aten
@@ -35,8 +36,6 @@ def _view(x: jax.Array, size: Sequence[int], *_: object) -> jax.Array:
 
 @register(aten.view.dtype)
 def _view_dtype(x: jax.Array, dtype: torch.dtype) -> jax.Array:
-    from tpusim.backend.lowering.dtypes import jax_dtype
-
     return lax.bitcast_convert_type(x, jax_dtype(dtype))
 
 
@@ -121,8 +120,6 @@ def _select(x: jax.Array, dim: int, index: int) -> jax.Array:
 
 @register(aten.cat.default)
 def _cat(tensors: Sequence[jax.Array], dim: int = 0) -> jax.Array:
-    from tpusim.backend.lowering.dtypes import result_dtype
-
     live = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]   # legacy: 1-D empties are skipped
     dtype = result_dtype(*tensors)
     if not live:
@@ -132,8 +129,6 @@ def _cat(tensors: Sequence[jax.Array], dim: int = 0) -> jax.Array:
 
 @register(aten.stack.default)
 def _stack(tensors: Sequence[jax.Array], dim: int = 0) -> jax.Array:
-    from tpusim.backend.lowering.dtypes import result_dtype
-
     dtype = result_dtype(*tensors)
     return jnp.stack([t.astype(dtype) for t in tensors], axis=dim)
 

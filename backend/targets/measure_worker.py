@@ -5,10 +5,11 @@ tpusim/measure.py starts it, once per eager mode, in a fresh process::
     TPUSIM_TARGET=pjrt TPUSIM_EAGER_MODE=fused python -m tpusim.backend.targets.measure_worker \\
         --out RESULT.json -- SCRIPT ARGS...
 
-Importing the backend has then already switched the device to JAX. Nothing is recorded: recording
-adds host work to every op and would distort the clock. A step ends at ``optimizer.step()`` (the
-hook the recorder uses too) or an explicit ``tpusim.backend.step()``, after pending fused work has
-run (``pjrt.flush``), so the clock never stops before the device work of the step is done. The
+Importing the backend has then already switched the device to JAX (its config names the pjrt
+target). Nothing is recorded: recording adds host work to every op and would distort the clock. A
+step ends at ``optimizer.step()`` (the hook the recorder uses too) or an explicit
+``tpusim.backend.step()`` (a recorder step listener), after pending fused work has run
+(``pjrt.flush``), so the clock never stops before the device work of the step is done. The
 script runs as ``__main__`` with its own argv (tpusim/script.py); its failure is printed as its own
 traceback and written to RESULT.json with the steps timed before it.
 """
@@ -22,6 +23,14 @@ import signal
 import sys
 import time
 from pathlib import Path
+
+import torch  # noqa: F401  (first: the backend registers its device on torch)
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from tpusim.backend import recorder
+from tpusim.backend.distributed import runner
+from tpusim.backend.targets import pjrt
+
+from tpusim.script import ScriptOutcome, run_script, user_traceback
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -41,19 +50,10 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args, (script, *script_argv) = _parse(sys.argv[1:] if argv is None else argv)
-    import torch  # noqa: F401  (first: the backend registers its device on torch)
-    import tpusim.backend as backend
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-    from tpusim.backend.targets import pjrt
-
-    from tpusim.script import ScriptOutcome, run_script, user_traceback
-
     if pjrt.mode() is None:
         print("tpusim: the PJRT target is off (TPUSIM_TARGET=pjrt was not seen at import)", file=sys.stderr)
         return 2
     if args.world > 1:
-        from tpusim.backend.distributed import runner
-
         runner.prepare_one(args.world, args.chips_per_host)
     marks: list[float] = []
 
@@ -61,12 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         pjrt.flush("step")                  # pending fused work belongs to this step
         marks.append(time.perf_counter())
 
-    def step() -> None:
-        explicit_step()
-        mark()
-
-    explicit_step = backend.step
-    backend.step = step
+    recorder.add_step_listener(mark)        # tpusim.backend.step()
     hook = register_optimizer_step_post_hook(lambda optimizer, a, kw: mark())
     target_mode = pjrt.mode()               # the mode it starts in (a script may switch later)
     started = time.perf_counter()
@@ -78,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             outcome = ScriptOutcome(1, user_traceback(error), type(error).__name__)
     ended = time.perf_counter()
     hook.remove()
-    backend.step = explicit_step
+    recorder.remove_step_listener(mark)
     if outcome.error:
         print(outcome.error, file=sys.stderr, end="")
     result = {"steps_s": [b - a for a, b in zip([started, *marks], marks)], "total_s": ended - started,

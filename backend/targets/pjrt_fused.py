@@ -1,39 +1,43 @@
 """Fused eager on the PJRT target: the windows of tpusim.fusion, each run as one jitted XLA program.
 
 Why the same windows: the simulator prices Fused eager by cutting the op stream into windows
-(tpusim/fusion.py); on the PJRT target those windows really compile and run. The cut rules are
-fusion's own, imported (``WINDOW_OPS``, ``RULES``, ``role_of``), so a program recorded while it
-runs here is priced with the windows that ran: ``pjrt.stats().windows``/``.cuts`` equal
-``fuse(trace.records, chip).stats.windows``/``.cuts`` (tests/pjrt/test_pjrt_windows.py).
+(tpusim/fusion.py); on the PJRT target those windows really compile and run. Where a window ends
+is decided by the same ``tpusim.windows.WindowCutter`` the simulator's fused mode drives (this
+window feeds it every op and event, in ``Stats.cutter``), and whether an op may join a window by
+the same fusion role (``tpusim.ops.fusion_role`` of its recorded cost, ``tpusim.fusion.RULES``),
+so a program recorded while it runs here is priced with the windows that ran:
+``pjrt.stats().windows``/``.cuts`` equal ``fuse(trace.records, chip).stats.windows``/``.cuts``
+(tests/pjrt/test_pjrt_windows.py).
 
-**Cuts** (``Stats.cuts`` keys). Fusion's names, for the same events:
+**Cuts** (``Stats.cuts`` keys, ``tpusim.windows.CUTS``). Fusion's names, for the same events:
 
 - ``sync``: the host reads a value (``.item()``, ``.cpu()``, print: the shim's native hook);
 - ``h2d``: a host->device copy;
-- ``opaque``: an op whose fusion role is opaque (``role_of`` of its cost from backend/costs.py:
+- ``opaque``: an op whose fusion role is opaque (``fusion_role`` of its cost from backend/costs.py:
   SparseCore and DMA work such as gathers, fills, clones and device->device copies, sorts and the
-  other names ``ROLE_BY_OP`` marks opaque, ops without FLOPs). It runs alone, at once;
+  other ops of the opaque family in tpusim/ops.py, ops without FLOPs). It runs alone, at once;
 - ``collective``: a collective of the tpusim c10d backend;
 - ``program``: a torch.compile'd graph (backend/compile.py) runs;
 - ``step``: ``optimizer.step()`` returned;
-- ``size``: an op arrives while the window holds ``WINDOW_OPS`` ops;
+- ``size``: an op arrives while the window holds ``tpusim.windows.WINDOW_OPS`` ops;
 - ``mode``: the eager mode changed (pending work runs as it was recorded);
 - ``end``: ``pjrt.flush()`` or ``pjrt.disable()`` (for fusion: the end of the trace).
 
-And the few only this target needs (``EXTRA_CUTS``, fusion prices an ideal device that needs
-none of them): ``alias``, ``host``, ``resize``. Two of fusion's cuts have no
+And the few only this target needs (``OWN_CUTS``, described in ``CUTS``; fusion prices an ideal
+device that needs none of them): ``alias``, ``host``, ``resize``. Two of fusion's cuts have no
 counterpart here: ``tpusim.backend.step()`` (a ``step``) and ``torch.tpu.synchronize()`` (a
 ``sync``) only add a record while recording, with no hook this target can use; neither needs a
 flush (every host read cuts anyway), so a program calling them ends fewer windows here. The
 shim's native events reach both the window (first) and the recorder (backend/native_hooks.py), so
 recording while fused sees every event too.
 
-**Members.** A window counts the ops fusion would put in it. Ops that cannot be traced into the
+**Members.** The cutter counts the ops fusion would put in a window. Ops that cannot be traced into the
 program (random draws on the host generator, hand-written kernels, ops without lowering, views;
 an out= or self that must change shape or dtype, except an empty out=: ``grow``) run at once outside it,
 out of order, which is safe because they touch no pending value (else they cut: ``host``,
 ``resize``); they still count as members, so the window's size and the windows counted are
-fusion's.
+fusion's. An op that cuts for a reason of this target's own (``alias``, ``host``, ``resize``)
+opens the next window, as it would have joined the old one.
 
 **Values** are keyed by their host view: (storage address, offset, shape, strides, dtype). A
 storage holds at most one pending value: a write under another view replaces it when it covers
@@ -52,43 +56,37 @@ import math
 from collections import Counter
 from collections.abc import Callable
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import torch
+from jax import lax
 from torch.optim.optimizer import register_optimizer_step_post_hook
-from tpusim.backend import native_hooks
+from tpusim.backend import costs, native_hooks
+from tpusim.backend.lowering import jax_to_tensor, tensor_to_numpy
+from tpusim.backend.lowering.dtypes import jax_dtype, torch_dtype
+from tpusim.backend.state import STATE
+from tpusim.backend.targets.pjrt_ops import Compiled, OpInfo, Stats, operands, run_now
 
-from tpusim.fusion import RULES, WINDOW_OPS, role_of
-from tpusim.trace import OpRecord
+from tpusim.fusion import RULES
+from tpusim.ops import Family, fusion_role
+from tpusim.windows import WindowCutter
 
 Key = tuple
-EXTRA_CUTS: dict[str, str] = {
-    "alias": "an op writes a storage holding a pending value under another view, or reads a view of it "
-             "the program cannot derive (another dtype, bytes outside the pending value)",
-    "host": "an op that runs outside the window (host generator, hand-written kernel, no lowering, "
-            "a non-tensor result) reads or writes a pending value",
-    "resize": "an op whose out= or self must change shape (other than an empty out=, which ``grow`` "
-              "resizes in device memory) reads or writes a pending value: it runs at once",
-}
+OWN_CUTS = ("alias", "host", "resize")   # the cuts only this target makes (tpusim.windows.CUTS says why)
 
 
-# ---------------------------------------------------------------- which events cut (fusion's rules)
+# ---------------------------------------------------------------- which ops and events cut (fusion's rules)
 
 
-def op_cut(name: str, unit: str, flops: float, transcendentals: float) -> str | None:
-    """The cut tpusim.fusion makes at an op: "opaque" when its role may not fuse (it runs alone), else
-    None."""
-    record = OpRecord(0, name, unit, "", flops=flops, transcendentals=transcendentals)
-    return None if RULES[role_of(record)].fusible else "opaque"
-
-
-def cost_cut(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], args: tuple) -> str | None:
-    """``op_cut`` of one op from the cost the recorder would record for it (backend/costs.py)."""
-    from tpusim.backend import costs
-
+def fusible(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], args: tuple) -> bool:
+    """Whether fusion lets an op join a window: the fusion role (``tpusim.ops.fusion_role``) of the cost
+    the recorder records for it (backend/costs.py). A non-fusible op runs alone (cut ``opaque``)."""
     try:
         cost = costs.op_cost(name, inputs, outputs, args)
     except Exception:  # noqa: BLE001  (the recorder's fallback for a failing cost rule)
-        cost = costs.Cost("vpu")
-    return op_cut(name, cost.unit, cost.flops, cost.transcendentals)
+        cost = costs.Cost(Family.ELEMENTWISE)
+    return RULES[fusion_role(cost.family, cost.unit, cost.flops, cost.transcendentals)].fusible
 
 
 def native_cut(kind: str, a: torch.Tensor, b: torch.Tensor | None) -> str:
@@ -146,10 +144,6 @@ def overwrites(base: Key, view: Key) -> bool:
 def derive(value: object, spec: tuple) -> object:
     """The view ``spec`` of a pending jax value: a slice of its bytes in memory order, transposed and
     broadcast; a gather where the view is not a permuted dense block."""
-    import jax.numpy as jnp
-    import numpy as np
-    from jax import lax
-
     base_order, delta, shape, strides = spec
     if not math.prod(shape):
         return jnp.zeros(shape, value.dtype)
@@ -173,8 +167,6 @@ def grow(out: torch.Tensor, shape: tuple) -> None:
     shim's resize_) and the alias follows it, so the fallback's sync_back finds the same memory and
     the value can wait in the window (a host-side resize would be copied to fresh device memory at
     once)."""
-    from tpusim.backend.state import STATE
-
     shim = STATE.shim
     device = shim.to_device([out], shim.current_device())[0]
     device.resize_(shape)
@@ -187,17 +179,21 @@ def grow(out: torch.Tensor, shape: tuple) -> None:
 class Window:
     """Pending ops of one fused window and their wiring; ``cut`` runs them as one jitted program."""
 
-    def __init__(self, stats: object) -> None:
-        self.stats = stats
+    def __init__(self, stats: Stats) -> None:
+        self.stats = stats                                    # counts, and the cutter (Stats.cutter)
         self.cache: dict[tuple, Callable] = {}                 # window signature -> jitted program
-        self._described: dict[tuple, tuple] = {}              # op signature -> (output shapes, cut)
-        self._host_cuts: dict[tuple, str | None] = {}
+        self._described: dict[tuple, tuple] = {}              # op signature -> (output shapes, fusible)
+        self._host_fusible: dict[tuple, bool] = {}
         self._specs: dict[tuple, tuple | None] = {}
         self._step_hook = None
         self._clear()
 
+    @property
+    def cutter(self) -> WindowCutter:
+        """Where windows end and how many ops the pending one holds (fusion's count: tpusim/windows.py)."""
+        return self.stats.cutter
+
     def _clear(self) -> None:
-        self.members = 0                              # ops fusion counts in this window
         self.ops: list[tuple] = []                    # (fn, input refs, #outputs, first value, multi)
         self.inputs: list[torch.Tensor] = []          # host tensors read when the window runs
         self.scalars: list[float] = []                # lifted floats, passed after the inputs
@@ -224,42 +220,37 @@ class Window:
     def _native(self, kind: str, a: torch.Tensor, b: torch.Tensor | None) -> None:
         """The shim's native item/copy: item notifies before reading, copy after copying, so a copy that
         raced pending work is redone once the window has run."""
-        if not self.members:
+        if not self.cutter.size:
             return
         raced = bool(self.ops)
         self.cut(native_cut(kind, a, b))
         if raced and kind == "copy" and b is not None:
-            from tpusim.backend.state import STATE
-
             src = STATE.shim.host_alias(a) if a.device.type == "tpu" else a
             dst = STATE.shim.host_alias(b) if b.device.type == "tpu" else b
             dst.copy_(src)
 
     # ------------------------------------------------------------ deciding
 
-    def _describe(self, fn: Callable, name: str, tensors: list[torch.Tensor], scalars: list[float],
+    def _describe(self, fn: Compiled, name: str, tensors: list[torch.Tensor], scalars: list[float],
                   args: tuple) -> tuple:
-        """(output shapes, fusion cut) of one op signature, computed once (lifted floats do not change them)."""
+        """(output shapes, fusible) of one op signature, computed once (lifted floats do not change them)."""
         sig = (id(fn), name, tuple((tuple(t.shape), t.dtype) for t in tensors))
         found = self._described.get(sig)
         if found is None:
-            import jax
-            from tpusim.backend.lowering.dtypes import jax_dtype, torch_dtype
-
             specs = [jax.ShapeDtypeStruct(tuple(t.shape), jax_dtype(t.dtype)) for t in tensors]
             shapes = jax.eval_shape(fn, *specs, *scalars)
             leaves = shapes if isinstance(shapes, (tuple, list)) else [shapes]
             outs = [torch.empty(tuple(s.shape), dtype=torch_dtype(s.dtype), device="meta")
                     for s in leaves if s is not None and hasattr(s, "shape")]
-            found = self._described[sig] = (shapes, cost_cut(name, tensors, outs, args))
+            found = self._described[sig] = (shapes, fusible(name, tensors, outs, args))
         return found
 
-    def host_cut(self, sig: tuple, name: str, inputs: list[torch.Tensor], outputs: Callable[[], list],
-                 args: tuple) -> str | None:
-        """``cost_cut`` of an op the host runs, once per signature (``outputs`` is called only then)."""
-        if sig not in self._host_cuts:
-            self._host_cuts[sig] = cost_cut(name, inputs, outputs(), args)
-        return self._host_cuts[sig]
+    def host_fusible(self, sig: tuple, name: str, inputs: list[torch.Tensor], outputs: Callable[[], list],
+                     args: tuple) -> bool:
+        """``fusible`` of an op the host runs, once per signature (``outputs`` is called only then)."""
+        if sig not in self._host_fusible:
+            self._host_fusible[sig] = fusible(name, inputs, outputs(), args)
+        return self._host_fusible[sig]
 
     def _spec(self, base: Key, key: Key) -> tuple | None:
         pair = (base, key)
@@ -277,45 +268,55 @@ class Window:
 
     def _touches(self, reads: list[torch.Tensor], writes: list[torch.Tensor]) -> bool:
         """An op run now would read a pending value or write memory the window reads or writes."""
-        if not self.members:
+        if not self.pending and not self.read_storages:
             return False
         storage = [t.untyped_storage().data_ptr() for t in (*reads, *writes)]
         return any(s in self.pending for s in storage) or \
             any(s in self.read_storages for s in storage[len(reads):])
 
-    def _make_room(self) -> None:
-        if self.members >= WINDOW_OPS:
-            self.cut("size")
+    # ------------------------------------------------------------ counting ops in (the cutter)
+
+    def _admit(self, fusible: bool) -> None:
+        """Count one op in as fusion does; a cut the cutter makes before it runs the pending program."""
+        if self.cutter.admit(fusible) is not None:
+            self._run_pending()
+
+    def _cut_before(self, reason: str) -> None:
+        """End the window before the op just admitted (a cause of this target's own); the op opens
+        the next window, as it would have joined the old one."""
+        self.cut(reason)
+        self.cutter.admit(True)
 
     # ------------------------------------------------------------ recording ops
 
-    def outside(self, reason: str, reads: list[torch.Tensor], writes: list[torch.Tensor],
-                run: Callable[[], object]) -> object:
-        """Run a fusible op now, outside the program: cut first (``reason``) only if it touches pending
-        work; it counts as a member either way."""
-        self._make_room()
-        if self._touches(reads, writes):
-            self.cut(reason)
-        self.members += 1
+    def alone(self, run: Callable[[], object]) -> object:
+        """Run a non-fusible op now, alone, as fusion does: the pending window ends first (``opaque``)."""
+        self._admit(False)
         return run()
 
-    def add(self, name: str, info: object, fn: Callable, args: tuple, kwargs: dict, outs: dict) -> object:
-        """Append one lowered op (its outputs get host memory now and bytes when the window runs)."""
-        from tpusim.backend.targets.pjrt import operands
+    def outside(self, reason: str, reads: list[torch.Tensor], writes: list[torch.Tensor],
+                run: Callable[[], object]) -> object:
+        """Run a fusible op now, outside the program: it counts as a member either way; only if it
+        touches pending work, that work runs first (cut ``reason``)."""
+        self._admit(True)
+        if self._touches(reads, writes):
+            self._cut_before(reason)
+        return run()
 
+    def add(self, name: str, info: OpInfo, fn: Compiled, args: tuple, kwargs: dict, outs: dict) -> object:
+        """Append one lowered op (its outputs get host memory now and bytes when the window runs)."""
         inputs = operands(fn, args, kwargs)
         tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
         scalars = inputs[len(tensors):]
-        shapes, cut = self._describe(fn, name, tensors, scalars, args)
-        if cut is not None:
-            self.cut(cut)
-            return self._now(info, fn, args, kwargs, outs)
+        shapes, joins = self._describe(fn, name, tensors, scalars, args)
+        if not joins:
+            return self.alone(lambda: run_now(info, fn, args, kwargs, outs, self.stats))
         multi = isinstance(shapes, (tuple, list))
         leaves = list(shapes) if multi else [shapes]
         targets = _targets(info, args, outs, leaves)
         why = _outside_reason(info, targets, leaves)
         if why is not None:
-            return self.outside(why, tensors, targets or [], lambda: self._now(info, fn, args, kwargs, outs))
+            return self.outside(why, tensors, targets or [], lambda: run_now(info, fn, args, kwargs, outs, self.stats))
         targets = self._append(fn, tensors, scalars, targets, leaves, multi)
         if info.kind == "inplace":
             return targets[0]
@@ -323,16 +324,14 @@ class Window:
             return targets[0] if len(targets) == 1 else tuple(targets)
         return tuple(targets) if multi else targets[0]
 
-    def _append(self, fn: Callable, tensors: list[torch.Tensor], scalars: list[float],
+    def _append(self, fn: Compiled, tensors: list[torch.Tensor], scalars: list[float],
                 targets: list[torch.Tensor] | None, leaves: list, multi: bool) -> list[torch.Tensor]:
         """Wire one op into the window; ``targets`` None: fresh host tensors for its outputs (returned)."""
-        from tpusim.backend.lowering.dtypes import torch_dtype
-
-        self._make_room()
+        self._admit(True)
         read_keys = [_key(t) for t in tensors]
         write_keys = [_key(t) for t in targets or []]
         if any(self._unreadable(k) for k in read_keys) or any(self._unwritable(k) for k in write_keys):
-            self.cut("alias")
+            self._cut_before("alias")
         refs = tuple(self._ref(t, k) for t, k in zip(tensors, read_keys)) + tuple(self._scalar(x) for x in scalars)
         fresh = targets is None
         if fresh:
@@ -344,7 +343,6 @@ class Window:
             if fresh:
                 self.fresh[v] = _uses(t)
         self.ops.append((fn, refs, len(targets), first, multi))
-        self.members += 1
         self.stats.ops += 1
         return targets
 
@@ -378,27 +376,17 @@ class Window:
         self.pending[key[0]] = key
         return v
 
-    def _now(self, info: object, fn: Callable, args: tuple, kwargs: dict, outs: dict) -> object:
-        from tpusim.backend.lowering import tensor_to_numpy
-        from tpusim.backend.targets.pjrt import _finish, operands
-
-        result = fn(*[tensor_to_numpy(t) if isinstance(t, torch.Tensor) else t for t in operands(fn, args, kwargs)])
-        self.stats.ops += 1
-        self.stats.executions += 1
-        return _finish(info, list(args), outs, result)
-
     # ------------------------------------------------------------ running
 
     def cut(self, reason: str) -> None:
-        """End the window (``reason``: a ``Stats.cuts`` key): run its program, count it; no-op when empty."""
-        if not self.members:
-            return
+        """End the window (``reason``: a ``tpusim.windows.CUTS`` key) and run its program; the cutter
+        counts it when it held ops."""
+        self.cutter.boundary(reason)
+        self._run_pending()
+
+    def _run_pending(self) -> None:
         if self.ops:
             self._run()
-        else:
-            self._clear()
-        self.stats.windows += 1
-        self.stats.cuts[reason] = self.stats.cuts.get(reason, 0) + 1
 
     def _live(self) -> list[int]:
         """The values that land in memory: the last write of each view, unless nobody holds that memory
@@ -414,8 +402,6 @@ class Window:
         (Only tensors with dims: the fallback refuses CPU ones there, so these are all aliases.)"""
         if not values:
             return set()
-        from tpusim.backend.state import STATE
-
         devices = STATE.shim.to_device([self.value_dst[v] for v in values], STATE.shim.current_device())
         aliases = [*self.inputs, *(t for v, t in self.value_dst.items() if v not in self.fresh)]
         storages = {s._cdata: s for s in (t.untyped_storage() for t in aliases)}
@@ -425,9 +411,6 @@ class Window:
         return {v for v, d in zip(values, devices) if _uses(d) - 1 == held[d.untyped_storage().data_ptr()]}
 
     def _run(self) -> None:
-        import jax
-        from tpusim.backend.lowering import jax_to_tensor, tensor_to_numpy
-
         ops, inputs, scalars = self.ops, self.inputs, self.scalars
         live = self._live()
         dsts = [self.value_dst[v] for v in live]
@@ -444,11 +427,9 @@ class Window:
         self.stats.executions += 1
 
 
-def _targets(info: object, args: tuple, outs: dict, leaves: list) -> list[torch.Tensor] | None:
+def _targets(info: OpInfo, args: tuple, outs: dict, leaves: list) -> list[torch.Tensor] | None:
     """The tensors an op writes (self, or its out= tensors; None: fresh outputs); an empty out= is
     grown in device memory first (``grow``)."""
-    from tpusim.backend.lowering.dtypes import torch_dtype
-
     if info.kind == "inplace":
         return [args[0]]
     if info.kind != "out":
@@ -461,11 +442,9 @@ def _targets(info: object, args: tuple, outs: dict, leaves: list) -> list[torch.
     return dsts
 
 
-def _outside_reason(info: object, targets: list[torch.Tensor] | None, leaves: list) -> str | None:
+def _outside_reason(info: OpInfo, targets: list[torch.Tensor] | None, leaves: list) -> str | None:
     """Why an op must run at once, outside the program: a non-tensor result (``host``) or a target
     that must change shape or dtype (``resize``); None when it can wait in the window."""
-    from tpusim.backend.lowering.dtypes import torch_dtype
-
     if any(s is None or not hasattr(s, "shape") for s in leaves):
         return "host"
     if targets is not None and any(tuple(t.shape) != tuple(s.shape) or t.dtype != torch_dtype(s.dtype)

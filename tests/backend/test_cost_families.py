@@ -3,6 +3,7 @@ prices, and every family member that needs a formula has one (adding an op = one
 for contractions, attention and gathers, its formula in backend/costs.py)."""
 
 from tpusim.backend import costs
+
 from tpusim.ops import FAMILY_BY_OP, Family, family_of
 
 SHAPED_FAMILIES = {Family.CONTRACTION, Family.ATTENTION, Family.QUANTIZED_CONTRACTION, Family.GATHER_SCATTER}

@@ -77,7 +77,7 @@ def test_a_mode_change_is_a_window_boundary_in_the_trace() -> None:
         tpusim.set_eager_mode("strict")                          # no change: no record
     hosts = [(h.event, h.reason, h.seconds) for h in rec.trace.of_kind(HostRecord)]
     assert hosts == [("dispatch", "eager_mode:fused", 0.0), ("dispatch", "eager_mode:strict", 0.0)]
-    assert rec.trace.meta["eager_mode"] == "strict"
+    assert rec.trace.meta.eager_mode == "strict"
 
 
 def test_debug_raises_at_the_op_that_made_a_nan() -> None:

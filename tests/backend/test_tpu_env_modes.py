@@ -119,12 +119,22 @@ def test_autoload_can_be_disabled(python: object) -> None:
     assert proc.stdout.strip() == "tpu:0"
 
 
-@pytest.mark.parametrize("bad", ["TPUSIM_NUMERICS=maybe", "TPUSIM_F64=sometimes"])
+@pytest.mark.parametrize("bad", ["TPUSIM_NUMERICS=maybe", "TPUSIM_F64=sometimes", "TPUSIM_F64=bogus",
+                                 "TPUSIM_DEVICES=0", "TPUSIM_DEVICES=abc", "TPUSIM_DEVICES=2.5",
+                                 "TPUSIM_HBM_BYTES=lots", "TPUSIM_HBM_BYTES=-5", "TPUSIM_TARGET=tpu",
+                                 "TPUSIM_CHIP=v99"])
 def test_bad_settings_are_named(python: object, bad: str) -> None:
     key, value = bad.split("=")
     proc = python("import tpusim.backend", env={key: value})
     assert proc.returncode != 0
-    assert key in proc.stderr and "accepted" in proc.stderr
+    assert "TpusimError" in proc.stderr and f"{key}={value!r}" in proc.stderr
+    assert "accepted" in proc.stderr or "available chips" in proc.stderr
     proc = python("import torch", env={key: value})       # the autoload warns, never breaks torch
     assert proc.returncode == 0
-    assert key in proc.stderr and "accepted" in proc.stderr
+    assert f"{key}={value!r}" in proc.stderr
+
+
+def test_bytes_may_be_written_as_a_float(python: object) -> None:
+    proc = python("import torch, tpusim.backend; print(torch.tpu.mem_get_info()[1])", env={"TPUSIM_HBM_BYTES": "16e9"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "16000000000"

@@ -44,7 +44,7 @@ def test_trace_of_a_training_step(tmp_path: object) -> None:
     mem = trace.of_kind(MemoryRecord)
     assert any(m.event == "alloc" for m in mem) and any(m.event == "free" for m in mem)
     assert [r.seq for r in trace.records] == list(range(len(trace.records)))
-    assert trace.meta["device"] == "tpu" and trace.meta["chip"]
+    assert trace.meta.device == "tpu" and trace.meta.chip
     path = tmp_path / "trace.jsonl"
     write_trace(trace, path)
     assert read_trace(path).records == trace.records
@@ -90,10 +90,10 @@ def test_public_collective_and_meta_api() -> None:
         y = x * 2
         recorder.record_collective("all_reduce", 64, (0, 1), [y], [y], mesh_axis="dp", reduce_op="sum",
                                    dtype="float32", async_op=True, source="here.py:1")
-        recorder.set_meta("note", {"a": 1})
+        recorder.set_meta("placement", "dp=x")
         _ = y + 1
     coll = rec.trace.of_kind(CollectiveRecord)
     assert len(coll) == 1 and coll[0].group == (0, 1) and coll[0].mesh_axis == "dp" and coll[0].async_op
     mul, add = rec.trace.of_kind(OpRecord)
     assert coll[0].inputs[0].id == mul.outputs[0].id == add.inputs[0].id
-    assert rec.trace.meta["note"] == {"a": 1}
+    assert rec.trace.meta.placement == "dp=x"

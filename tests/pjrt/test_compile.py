@@ -160,10 +160,10 @@ def test_graph_breaks_and_recompiles_reach_the_trace_and_the_lint() -> None:
     with tb.recording() as rec:
         compiled(torch.randn(8, device="tpu"))
         compiled(torch.randn(16, device="tpu"))        # a new shape: Dynamo recompiles
-    facts = rec.trace.meta["torch_compile"]
-    assert facts["graphs"] >= 2 and facts["graph_breaks"] and facts["recompiles"]
-    codes = {w["code"]: w for w in lint(rec.trace, load_chip("v5p"))}
-    assert "test_compile.py" in codes["graph-break"]["source"] and "dynamo-recompile" in codes
+    facts = rec.trace.meta.torch_compile
+    assert facts.graphs >= 2 and facts.graph_breaks and facts.recompiles
+    codes = {w.code: w for w in lint(rec.trace, load_chip("v5p"))}
+    assert "test_compile.py" in codes["graph-break"].source and "dynamo-recompile" in codes
     programs = {r.program for r in rec.trace.records if getattr(r, "program", 0)}
     assert len(programs) >= 4       # two graphs (before and after the break) per call
 
@@ -171,7 +171,7 @@ def test_graph_breaks_and_recompiles_reach_the_trace_and_the_lint() -> None:
 def test_a_program_without_torch_compile_has_no_compile_facts() -> None:
     with tb.recording() as rec:
         torch.randn(4, device="tpu").sin()
-    assert "torch_compile" not in rec.trace.meta
+    assert rec.trace.meta.torch_compile is None
 
 
 def test_tpusim_run_prices_a_compiled_model_in_shape_only_mode(tmp_path: object) -> None:

@@ -7,7 +7,8 @@ difference remains for these programs. The one that did: ``ElementwiseMLP`` call
 composite kernel hands the fallback ``abs.out`` with an empty out= tensor; resized on the host, the
 fallback would copy it to fresh device memory right after the op, so it could not wait in the
 window. ``pjrt_fused.grow`` resizes it in device memory instead; the second test pins that down.
-The PJRT-only cuts (``pjrt_fused.EXTRA_CUTS``) stay absent from both programs. What this target
+Both sides feed the same ``tpusim.windows.WindowCutter``; the PJRT-only cuts (``pjrt_fused.OWN_CUTS``)
+stay absent from both programs. What this target
 cannot see, ``tpusim.backend.step()`` and ``torch.tpu.synchronize()`` (no hook; neither needs a
 flush), is the one documented difference left: a test pins it to exactly those cuts.
 """
@@ -23,11 +24,12 @@ import tpusim.backend as tb
 from models import ElementwiseMLP, mlp_batch, train
 from torch import nn
 from tpusim.backend.targets import pjrt
-from tpusim.backend.targets.pjrt_fused import EXTRA_CUTS
+from tpusim.backend.targets.pjrt_fused import OWN_CUTS
 
 import tpusim
-from tpusim.fusion import WINDOW_OPS, FusionStats, fuse
+from tpusim.fusion import FusionStats, fuse
 from tpusim.spec import load_chip
+from tpusim.windows import CUTS, WINDOW_OPS
 
 STEPS = 3
 TAIL = 300                       # elementwise pairs after training: more than two WINDOW_OPS windows
@@ -108,7 +110,7 @@ def test_the_benchmark_mlp_has_the_fusion_windows_too(fused: None) -> None:
     assert got == pytest.approx(ref, rel=1e-5, abs=1e-6)
     assert sum(1 for r in rec.trace.records if getattr(r, "op", "") == "aten::abs") == 3 * STEPS   # empty out=s
     assert (stats.windows, stats.cuts) == (model.windows, model.cuts)
-    assert not set(stats.cuts) & set(EXTRA_CUTS)
+    assert set(OWN_CUTS) <= set(CUTS) and not set(stats.cuts) & set(OWN_CUTS)
 
 
 def test_explicit_step_and_synchronize_cut_only_in_the_fusion_model(fused: None) -> None:

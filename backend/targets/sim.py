@@ -1,0 +1,32 @@
+"""The simulator target (the default): every op computed at once by its CPU kernel on host memory.
+
+The device's memory is host memory (the shim's allocator), so an op's host aliases are its
+tensors: the CPU kernel, or the hand-written kernel of backend/kernels.py where the CPU one is
+wrong for the device, computes the values in place of a TPU. Nothing is ever pending, so
+``flush`` has nothing to do, and the eager mode changes only what the simulator prices
+(tpusim/modes.py), never the numbers. ``run_kernel`` is also how the PJRT target runs the ops
+it keeps on the host.
+"""
+
+from __future__ import annotations
+
+import torch
+from tpusim.backend.fallback import Plan
+from tpusim.backend.targets.base import Target
+
+
+def run_kernel(op: torch._ops.OpOverload, plan: Plan, host_args: list, host_kwargs: dict) -> object:
+    """The hand-written kernel (backend/kernels.py) or the CPU kernel of ``op``, on the host aliases."""
+    if plan.kernel is not None:
+        return plan.kernel(op, host_args, host_kwargs)
+    return op._op(*host_args, **host_kwargs)
+
+
+class SimTarget(Target):
+    name = "sim"
+
+    def execute(self, op: torch._ops.OpOverload, plan: Plan, host_args: list, host_kwargs: dict) -> object:
+        return run_kernel(op, plan, host_args, host_kwargs)
+
+
+SIM = SimTarget()

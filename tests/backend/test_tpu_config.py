@@ -1,0 +1,87 @@
+"""The device's settings as one typed DeviceConfig: built by a caller (``tpusim.backend.configure``),
+read from TPUSIM_* variables, or handed to worker processes in one variable."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import tpusim.backend as tb
+from tpusim.backend.config import CONFIG_ENV, DeviceConfig
+
+from tpusim.errors import TpusimError
+from tpusim.spec import chips_dir, load_chip
+
+
+@pytest.fixture
+def chip_file(tmp_path: Path) -> Path:
+    """A chip of the user's own: v5e's numbers under another name, outside topologies/chips/."""
+    text = (chips_dir() / "v5e.toml").read_text()
+    text = text.replace('name = "v5e"', 'name = "my_chip"').replace('display_name = "TPU v5e"',
+                                                                   'display_name = "TPU mine"')
+    path = tmp_path / "my_chip.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_come_from_the_chip() -> None:
+    chip = load_chip("v5e")
+    cfg = DeviceConfig(chip=chip)
+    assert (cfg.device_count, cfg.hbm_bytes, cfg.numerics, cfg.f64, cfg.target) == \
+        (chip.chips_per_host, chip.hbm_bytes, True, "warn", "sim")
+
+
+@pytest.mark.parametrize(("field", "value", "accepted"), [
+    ("device_count", 0, "1..64"), ("hbm_bytes", -5, "bytes >= 0"), ("f64", "bogus", "warn, error, allow"),
+    ("target", "tpu", "sim, pjrt"), ("numerics", "off", "True or False")])
+def test_bad_fields_are_named(field: str, value: object, accepted: str) -> None:
+    with pytest.raises(TpusimError, match=f"DeviceConfig.{field}={value!r}; accepted: {accepted}"):
+        DeviceConfig(chip=load_chip("v5e"), **{field: value})
+    with pytest.raises(TpusimError, match="DeviceConfig.chip='v5e'; accepted: a tpusim.spec.ChipSpec"):
+        DeviceConfig(chip="v5e")
+
+
+def test_a_config_travels_in_one_variable(chip_file: Path) -> None:
+    cfg = DeviceConfig(chip=load_chip(chip_file), numerics=False, f64="error", device_count=3, target="pjrt",
+                       eager_mode="fused")
+    assert DeviceConfig.from_json(cfg.to_json()) == cfg
+    assert list(cfg.env()) == [CONFIG_ENV] and json.loads(cfg.env()[CONFIG_ENV])["chip"]["name"] == "my_chip"
+
+
+def test_given_fields_are_not_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TPUSIM_CHIP", "no-such-chip")
+    monkeypatch.setenv("TPUSIM_F64", "error")
+    cfg = tb.load_config(chip=load_chip("v5e"), numerics=False)
+    assert (cfg.chip.name, cfg.numerics, cfg.f64) == ("v5e", False, "error")
+
+
+def test_configure_takes_a_chip_from_any_file_before_the_first_tensor(python: object, chip_file: Path) -> None:
+    proc = python(f"""
+        import torch, tpusim.backend as tb
+        from tpusim.spec import load_chip
+        chip = load_chip({str(chip_file)!r})
+        tb.configure(tb.load_config(chip=chip, device_count=2))
+        print(torch.tpu.device_count(), torch.tpu.get_device_name(), torch.tpu.mem_get_info()[1] == chip.hbm_bytes)
+        x = torch.ones(2, device="tpu:1")
+        with tb.recording() as rec:
+            (x + 1).sum()
+        print(rec.trace.meta.chip, rec.trace.meta.devices)
+        tb.configure(tb.load_config(chip=chip, device_count=2))      # the same config again: nothing to change
+        try:
+            tb.configure(tb.DeviceConfig(chip=load_chip("v5e")))
+        except Exception as err:
+            print(type(err).__name__, "before the first tensor" in str(err))
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["2 TPU mine True", "my_chip 2", "TpusimError True"]
+
+
+def test_a_worker_reads_its_config_from_one_variable(python: object, chip_file: Path) -> None:
+    cfg = DeviceConfig(chip=load_chip(chip_file), device_count=3, eager_mode="debug")
+    proc = python("import torch, tpusim; print(torch.tpu.get_device_name(), torch.tpu.device_count(), "
+                  "tpusim.get_eager_mode())", env={**cfg.env(), "TPUSIM_CHIP": "ignored-when-the-config-is-set"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "TPU mine 3 debug"
+    proc = python("import tpusim.backend", env={CONFIG_ENV: "{not json"})
+    assert proc.returncode != 0 and f"{CONFIG_ENV}=" in proc.stderr and "not a DeviceConfig" in proc.stderr

@@ -29,6 +29,7 @@ class Cost:
     matmul: tuple[int, int, int, int] | None = None
     bytes_read: float | None = None      # None: all inputs
     bytes_written: float | None = None   # None: all outputs
+    dtype: str | None = None             # the dtype whose MXU rate applies; None: the first output's
 
     @property
     def unit(self) -> str:
@@ -84,6 +85,34 @@ def _dot(ins: list, outs: list, args: tuple) -> Cost:
     return Cost(Family.CONTRACTION, 2.0 * k, matmul=(1, 1, k, 1))
 
 
+def _int_mm(ins: list, outs: list, args: tuple) -> Cost:
+    """int8 x int8 -> int32 (``torch._int_mm``): at the chip's int8 MXU rate, not the int32 output's."""
+    a, b = args[0], args[1]
+    m, k = a.shape
+    n = b.shape[1]
+    return Cost(Family.QUANTIZED_CONTRACTION, 2.0 * m * k * n, matmul=(1, m, k, n), dtype=str(a.dtype).removeprefix("torch."))
+
+
+def _scaled_mm(ins: list, outs: list, args: tuple) -> Cost:
+    """fp8 x fp8 with per-tensor or per-row scales (``torch._scaled_mm``): the matmul at the fp8 rate; the
+    scaling (and an optional bias) is its epilogue, one multiply-add per output element."""
+    a, b = args[0], args[1]
+    m, k = a.shape
+    n = b.shape[1]
+    return Cost(Family.QUANTIZED_CONTRACTION, 2.0 * m * k * n + 2.0 * m * n, matmul=(1, m, k, n),
+                dtype=str(a.dtype).removeprefix("torch."))
+
+
+def _weight_only_mm(ins: list, outs: list, args: tuple) -> Cost:
+    """Activations x int8/int4 weights stored as [n, k] (``_weight_int8pack_mm``, ``_weight_int4pack_mm``):
+    the weights are dequantized to the activations' dtype on the way into the MXU, so the matmul runs at
+    the activations' rate and only the weight bytes shrink."""
+    a = args[0]
+    m, k = a.shape
+    n = outs[0].shape[-1]
+    return Cost(Family.QUANTIZED_CONTRACTION, 2.0 * m * k * n + m * n, matmul=(1, m, k, n), dtype=str(a.dtype).removeprefix("torch."))
+
+
 def _conv_dims(inp: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, transposed: bool,
                groups: int) -> tuple[int, int, int, int]:
     """Implicit GEMM (groups, M, K, N) of a convolution."""
@@ -137,6 +166,8 @@ def _sdpa_backward(ins: list, outs: list, args: tuple) -> Cost:
 _MXU: dict[str, Callable[[list, list, tuple], Cost]] = {
     "mm": _mm, "addmm": _addmm, "_addmm_activation": _addmm, "bmm": _bmm, "baddbmm": _baddbmm, "mv": _mv,
     "addmv": lambda i, o, a: _mv(i, o, a[1:]), "dot": _dot, "vdot": _dot,
+    "_int_mm": _int_mm, "_scaled_mm": _scaled_mm, "_weight_int8pack_mm": _weight_only_mm,
+    "_weight_int4pack_mm": _weight_only_mm,
     "convolution": _conv, "convolution_overrideable": _conv, "_convolution": _conv,
     "convolution_backward": _conv_backward, "convolution_backward_overrideable": _conv_backward,
     "_scaled_dot_product_flash_attention_for_cpu": _sdpa,

@@ -136,7 +136,7 @@ def _op_record(name: str, cost: costs.Cost, ins: tuple[TensorMeta, ...], outs: t
     """An op's record; bytes default to its tensors' sizes where the cost rule leaves them open."""
     read = cost.bytes_read if cost.bytes_read is not None else sum(m.nbytes for m in ins)
     written = cost.bytes_written if cost.bytes_written is not None else sum(m.nbytes for m in outs)
-    dtype = (outs or ins)[0].dtype if (outs or ins) else "float32"
+    dtype = cost.dtype or ((outs or ins)[0].dtype if (outs or ins) else "float32")
     return OpRecord(0, name, cost.unit, dtype, ins, outs, cost.flops, cost.transcendentals, float(read),
                     float(written), cost.matmul, source, program=program, family=cost.family)
 

@@ -16,6 +16,7 @@ to set beside the prediction:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpusim.errors import TpusimError
+from tpusim.spec import ChipSpec
 
 WORKER = "tpusim.backend.targets.measure_worker"
 INSTALL_HINT = 'pip install -e ".[pjrt]"'
@@ -89,14 +91,17 @@ def probe_device(timeout_s: float | None = 600.0) -> JaxDevice:
     return JaxDevice(str(found["platform"]), str(found["device_kind"]), str(found["jax_version"]))
 
 
-def worker_env(mode: str, chip: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a measured run: the PJRT target in ``mode``, the device named as ``chip``."""
+def worker_env(mode: str, chip: ChipSpec, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a measured run: the PJRT target in ``mode`` on ``chip`` (the ChipSpec itself, so a
+    chip loaded from a file works), handed over as the device's serialised config (``TPUSIM_DEVICE_CONFIG``,
+    backend/config.py: fields not given take their defaults)."""
     env = dict(os.environ if base is None else base)
-    env.update({"TPUSIM_TARGET": "pjrt", "TPUSIM_EAGER_MODE": mode, "TPUSIM_CHIP": chip, "TPUSIM_NUMERICS": "on"})
+    config = {"chip": dataclasses.asdict(chip), "target": "pjrt", "eager_mode": mode, "numerics": True}
+    env.update({"TPUSIM_DEVICE_CONFIG": json.dumps(config, sort_keys=True), "TPUSIM_EAGER_MODE": mode})
     return env
 
 
-def measure_mode(script: Path, argv: list[str], mode: str, *, chip: str, world: int = 1, chips_per_host: int = 1,
+def measure_mode(script: Path, argv: list[str], mode: str, *, chip: ChipSpec, world: int = 1, chips_per_host: int = 1,
                  timeout_s: float | None = None) -> ModeRun:
     """Run ``script`` for real in ``mode`` in a fresh worker process and read back its step times.
 

@@ -12,7 +12,7 @@ Families (``Family``), with the TensorCore unit that runs them and their fusion 
 family                 unit         role         what
 =====================  ===========  ===========  =============================================
 contraction            mxu          contraction  matmuls and convolutions (implicit GEMM)
-quantized_contraction  mxu          contraction  int8 / fp8 matmuls (cost rules to come)
+quantized_contraction  mxu          contraction  int8 / fp8 / weight-only int8/int4 matmuls
 attention              mxu          contraction  fused scaled-dot-product attention
 elementwise            vpu          elementwise  everything not listed below (the default)
 reduction              vpu          reduction    sums, norms, softmax, losses: read more than
@@ -77,6 +77,9 @@ FAMILY_BY_OP: dict[str, Family] = {
     **_rows(Family.CONTRACTION, """
         mm addmm _addmm_activation bmm baddbmm mv addmv dot vdot
         convolution convolution_overrideable _convolution convolution_backward convolution_backward_overrideable
+    """),
+    **_rows(Family.QUANTIZED_CONTRACTION, """
+        _int_mm _scaled_mm _weight_int8pack_mm _weight_int4pack_mm
     """),
     **_rows(Family.ATTENTION, """
         _scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_fused_attention_overrideable

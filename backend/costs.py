@@ -145,22 +145,41 @@ def _conv_backward(ins: list, outs: list, args: tuple) -> Cost:
     return Cost(Family.CONTRACTION, 2.0 * g * m * k * n * gemms, matmul=(g * max(gemms, 1), m, k, n))
 
 
-def _sdpa(ins: list, outs: list, args: tuple) -> Cost:
+def _causal_fraction(s: int, t: int) -> float:
+    """Share of the s x t scores a causal mask keeps (PyTorch's is_causal: query i sees keys 0..i, top-left
+    aligned): a flash kernel skips the masked blocks, so the rest is all it computes."""
+    if not s or not t:
+        return 1.0
+    kept = s * (s + 1) / 2 if s <= t else t * (t + 1) / 2 + (s - t) * t      # sum over i of min(i + 1, t)
+    return kept / (s * t)
+
+
+def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, matmuls: int,
+           matmul_flops_per_score: float) -> Cost:
+    """Flash attention: Q, K, V, O and the log-sum-exp go through HBM (the recorded tensors), never the s x t
+    scores; ``matmuls`` score-sized matmuls of shape (s, d) x (d, t) (or (s, t) x (t, d), the same padded
+    work when the head dims are equal), 5 VPU FLOPs and one exp per kept score (scale, mask, max, sum, ...)."""
+    *lead, s, d = q.shape
+    t = k.shape[-2]
+    bh = _numel(lead)
+    scores = bh * s * t * (_causal_fraction(s, t) if causal else 1.0)
+    return Cost(Family.ATTENTION, scores * (matmul_flops_per_score + 5.0), transcendentals=scores,
+                matmul=(max(1, round(matmuls * scores / (s * t))), s, d, t))
+
+
+def _sdpa(ins: list, outs: list, args: tuple, causal_at: int) -> Cost:
+    """Forward: S = QK^T and O = PV (2 matmuls)."""
     q, k, v = args[0], args[1], args[2]
-    *lead, s, d = q.shape
-    t, dv = k.shape[-2], v.shape[-1]
-    bh = _numel(lead)
-    return Cost(Family.ATTENTION, 2.0 * bh * s * t * (d + dv) + 5.0 * bh * s * t, transcendentals=float(bh * s * t),
-                matmul=(bh, s, d, t))
+    causal = len(args) > causal_at and bool(args[causal_at])
+    return _flash(q, k, v, causal, 2, 2.0 * (q.shape[-1] + v.shape[-1]))
 
 
-def _sdpa_backward(ins: list, outs: list, args: tuple) -> Cost:
+def _sdpa_backward(ins: list, outs: list, args: tuple, causal_at: int) -> Cost:
+    """Backward recomputes the scores from the log-sum-exp: S = QK^T again, then dV = P^T dO, dP = dO V^T,
+    dQ = dS K, dK = dS^T Q (5 matmuls)."""
     q, k, v = args[1], args[2], args[3]
-    *lead, s, d = q.shape
-    t, dv = k.shape[-2], v.shape[-1]
-    bh = _numel(lead)
-    return Cost(Family.ATTENTION, 2.0 * 2.0 * bh * s * t * (d + dv) + 5.0 * bh * s * t,
-                transcendentals=float(bh * s * t), matmul=(4 * bh, s, d, t))
+    causal = len(args) > causal_at and bool(args[causal_at])
+    return _flash(q, k, v, causal, 5, 2.0 * (3 * q.shape[-1] + 2 * v.shape[-1]))
 
 
 _MXU: dict[str, Callable[[list, list, tuple], Cost]] = {
@@ -170,10 +189,11 @@ _MXU: dict[str, Callable[[list, list, tuple], Cost]] = {
     "_weight_int4pack_mm": _weight_only_mm,
     "convolution": _conv, "convolution_overrideable": _conv, "_convolution": _conv,
     "convolution_backward": _conv_backward, "convolution_backward_overrideable": _conv_backward,
-    "_scaled_dot_product_flash_attention_for_cpu": _sdpa,
-    "_scaled_dot_product_fused_attention_overrideable": _sdpa,
-    "_scaled_dot_product_flash_attention_for_cpu_backward": _sdpa_backward,
-    "_scaled_dot_product_fused_attention_overrideable_backward": _sdpa_backward,
+    # is_causal's position in each schema
+    "_scaled_dot_product_flash_attention_for_cpu": lambda i, o, a: _sdpa(i, o, a, 4),
+    "_scaled_dot_product_fused_attention_overrideable": lambda i, o, a: _sdpa(i, o, a, 5),
+    "_scaled_dot_product_flash_attention_for_cpu_backward": lambda i, o, a: _sdpa_backward(i, o, a, 7),
+    "_scaled_dot_product_fused_attention_overrideable_backward": lambda i, o, a: _sdpa_backward(i, o, a, 13),
 }
 
 

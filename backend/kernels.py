@@ -145,6 +145,30 @@ def _no_op(op: object, a: list, kw: dict) -> None:
     return None
 
 
+def _fused_attention(op: object, a: list, kw: dict) -> tuple:
+    """``_scaled_dot_product_fused_attention_overrideable``: the one attention op PyTorch calls on a PrivateUse1
+    device whose SDPA chooser answers "overrideable" (backend/csrc/attention.cpp, only where CPU would use its
+    flash kernel), run as CPU's flash kernel so values equal CPU's. Returns the op's nine results: output and
+    log-sum-exp, then what only CUDA's varlen kernels fill (empty)."""
+    query, key, value = a[0], a[1], a[2]
+    out, logsumexp = aten._scaled_dot_product_flash_attention_for_cpu.default(
+        query, key, value, _arg(a, kw, 4, "dropout_p") or 0.0, bool(_arg(a, kw, 5, "is_causal")),
+        attn_mask=_arg(a, kw, 3, "attn_bias"), scale=kw.get("scale"))
+    empty = query.new_empty(0)
+    return out, logsumexp, empty, empty, query.shape[-2], key.shape[-2], empty, empty, empty
+
+
+def _fused_attention_backward(op: object, a: list, kw: dict) -> tuple:
+    """Its backward: CPU's flash backward (which recomputes the scores from the log-sum-exp); no gradient for
+    the attention mask, as CPU's flash path gives none."""
+    grad_out, query, key, value, attn_bias = a[:5]
+    out, logsumexp, dropout_p, is_causal = a[6], a[7], a[12], a[13]
+    bias = attn_bias if isinstance(attn_bias, torch.Tensor) and attn_bias.numel() else None
+    grads = aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
+        grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, attn_mask=bias, scale=kw.get("scale"))
+    return (*grads, None)
+
+
 KERNELS: dict[str, Callable[[object, list, dict], object]] = {
     "aten::convolution_overrideable": _convolution,
     "aten::convolution_backward_overrideable": _convolution_backward,
@@ -156,4 +180,6 @@ KERNELS: dict[str, Callable[[object, list, dict], object]] = {
     "aten::_thnn_fused_lstm_cell_backward_impl": _lstm_cell_backward,
     "aten::_thnn_fused_gru_cell": _gru_cell,
     "aten::_thnn_fused_gru_cell_backward": _gru_cell_backward,
+    "aten::_scaled_dot_product_fused_attention_overrideable": _fused_attention,
+    "aten::_scaled_dot_product_fused_attention_overrideable_backward": _fused_attention_backward,
 }

@@ -22,7 +22,7 @@ from types import ModuleType
 import torch
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("runtime.cpp", "kernels.cpp", "autocast.cpp", "module.cpp")
+SOURCES = ("runtime.cpp", "kernels.cpp", "autocast.cpp", "attention.cpp", "module.cpp")
 HEADERS = ("tpu_shim.h",)
 
 

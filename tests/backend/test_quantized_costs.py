@@ -53,3 +53,31 @@ def test_weight_only_int8_runs_at_the_activations_rate():
     assert torch.equal(out, torch.ops.aten._weight_int8pack_mm(x, w, scales))
     assert op.dtype == "bfloat16" and op.matmul == (1, M, K, N)
     assert op.bytes_read == x.nbytes + w.nbytes + scales.nbytes      # the int8 weights are what shrink
+
+
+# ---- attention: one fused op, CPU-exact, priced as flash attention ------------------------------------------
+def _attention(causal: bool, s: int = 256, t: int = 256, heads: int = 4, d: int = 64):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, heads, n, d, requires_grad=True) for n in (s, t, t))
+    qt, kt, vt = (x.detach().to("tpu").requires_grad_() for x in (q, k, v))
+    with tb.recording() as rec:
+        out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        out.sum().backward()
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    ref.sum().backward()
+    assert torch.equal(out.cpu(), ref)
+    assert all(torch.equal(a.grad.cpu(), b.grad) for a, b in ((qt, q), (kt, k), (vt, v)))
+    return [r for r in rec.trace.of_kind(OpRecord) if r.family == Family.ATTENTION]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_is_one_fused_op_equal_to_cpu_with_flash_costs(causal):
+    s = t = 256
+    forward, backward = _attention(causal, s, t)
+    bh, d = 2 * 4, 64
+    kept = bh * (s * (s + 1) / 2 if causal else s * t)      # a causal mask keeps the lower triangle
+    assert forward.flops == pytest.approx(kept * (2.0 * (d + d) + 5.0)) and forward.transcendentals == kept
+    assert backward.flops == pytest.approx(kept * (2.0 * (3 * d + 2 * d) + 5.0))    # scores recomputed
+    # HBM: Q, K, V in; O and the log-sum-exp out (float32); never the s x t scores
+    qkv = 3 * bh * s * d * 4
+    assert forward.bytes_read == qkv and forward.bytes_written == bh * s * d * 4 + bh * s * 4

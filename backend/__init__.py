@@ -20,7 +20,8 @@ kernels.py (hand-written kernels table), targets/ (what computes op values: sim,
 policy.py (float64), debug.py (debug eager mode: NaN/Inf check and log per op), costs.py (cost
 rules), recorder.py (trace), native_hooks.py (the shim's item/copy events), source.py (user
 source lines), compiler.py (Dynamo/Inductor takeover), import_hooks.py (post-import hooks),
-compile.py + program.py + lowering/ (torch.compile), distributed/ (c10d).
+compile.py + program.py + lowering/ (torch.compile), distributed/ (c10d), torchtpu/ (TorchTPU's
+torch.tpu names; torch.tpu.distributed, .compiler, .ops).
 """
 
 from __future__ import annotations

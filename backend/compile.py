@@ -12,6 +12,17 @@ On the sim target, while a recording runs, every execution of a compiled graph i
 its ops (backend/program.py) marked as one program, which the simulator prices as one XLA
 program: fused as a whole, launched once, compiled once per signature (tpusim/fusion.py).
 
+``torch.compile(model)`` with no backend uses this backend for graphs whose inputs are on "tpu" (and
+Inductor, PyTorch's default, for the rest), as TorchTPU does: ``install`` makes ``auto_backend`` Dynamo's
+default. TorchTPU's options are accepted (``options={...}``, checked by ``OPTIONS``): ``debug_callback``
+receives a ``TpuCompileDebug`` (TorchTPU's container: the FX graphs before and after AOT autograd and the
+StableHLO text of the forward and backward graphs, filled as they compile) and ``name`` prefixes the
+graphs' labels; ``async_compile``, ``num_dynamic_buckets``, ``bucket_size``, ``serializable``,
+``bounded_dynamism`` and ``tpu_backend`` are checked and change nothing (compiles are synchronous here,
+shapes are static per signature, and the AOT autograd cache is PyTorch's own); ``mode`` is ignored (XLA has
+one). Each execution of a compiled graph is a request to the live compile cache of backend/torchtpu/cache.py
+(``torch.tpu._get_cache_stats()``): the first with an input signature compiles, later ones hit.
+
 Observability: ``compile_stats()`` lists graph breaks (reason, user source line) and
 recompilations (function, reason) from Dynamo's own records, and the compiled graphs (a
 recording's ``trace.meta.torch_compile`` gets them too: ``install`` adds a recorder meta source);
@@ -28,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -41,8 +53,10 @@ from tpusim.backend.program import Program, program_of
 from tpusim.backend.source import is_internal_file
 from tpusim.backend.state import STATE
 from tpusim.backend.targets import flush_pending
+from tpusim.backend.torchtpu import cache
 
 from tpusim import trace as trace_meta
+from tpusim.errors import TpusimError
 
 BACKEND = "tpu"
 
@@ -87,6 +101,7 @@ class CompileStats:
 class _Registry:
     graphs: list[CompiledGraph] = []
     capture: list[str] | None = None        # StableHLO texts while dump_stablehlo runs
+    previous_default: object = "inductor"   # torch.compile's default backend before auto_backend
 
 
 _REG = _Registry()
@@ -179,7 +194,8 @@ def _spec(t: object) -> object:
 class JaxGraph:
     """One Core ATen graph as a jitted JAX function, called with and returning torch tensors."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str, index: int = 0) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str, index: int = 0,
+                 name: str = "") -> None:
         import jax  # jax and the lowering table: an optional extra, see the module docstring
         from tpusim.backend.lowering import jax_function
         from tpusim.backend.lowering.interpreter import needs_random
@@ -191,7 +207,7 @@ class JaxGraph:
         self.jitted = jax.jit(self.fn)
         self.devices = _output_devices(gm)
         self.specs = [_spec(t) for t in example_inputs]
-        self.label = f"graph {index} ({kind})"
+        self.label = f"{name + ': ' if name else ''}graph {index} ({kind})"
         self._program: Program | None = None        # built at the first recorded call
         self._boxed_call = True
 
@@ -216,6 +232,10 @@ class JaxGraph:
         from tpusim.backend.lowering.dtypes import torch_dtype
 
         flush_pending("program")                         # the PJRT target's pending ops write our inputs
+        key = f"{self.label} " + ",".join(f"{str(a.dtype)[6:]}{list(a.shape)}" if isinstance(a, torch.Tensor)
+                                          else repr(a) for a in args)
+        hit = cache.lookup(key)                          # torch.tpu._get_cache_stats(): one request per execution
+        started = time.perf_counter()
         shapes_only = STATE.numerics is False           # tensors have no memory: shapes and dtypes only
         convert = _spec if shapes_only else (lambda t: tensor_to_numpy(_host(t)))
         inputs = [convert(a) if isinstance(a, torch.Tensor) else a for a in args]
@@ -230,8 +250,13 @@ class JaxGraph:
                      else o for o, d in zip(outs, self.devices)]
             if bound:
                 self._record(bound, empty)
+            if not hit:
+                cache.compiled(key, time.perf_counter() - started)
             return empty
         outs = self.jitted(*inputs)
+        if not hit:                                      # jax compiled it at this first call with its signature
+            jax.block_until_ready(outs)
+            cache.compiled(key, time.perf_counter() - started)
         result, devices, slots = [], [], []
         for i, (o, d) in enumerate(zip(outs, self.devices)):
             if isinstance(o, jax.Array):
@@ -246,15 +271,17 @@ class JaxGraph:
         return final
 
 
-def _compiler(kind: str) -> Callable:
+def _compiler(kind: str, debug: TpuCompileDebug | None = None, name: str = "") -> Callable:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         from torch._functorch.aot_autograd import make_boxed_func  # heavy, and the lowering imports jax
         from tpusim.backend.lowering import MissingLowering
 
         index = len(_REG.graphs)
         ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+        if debug is not None:
+            debug.add_graph(kind, gm)
         try:
-            graph = JaxGraph(gm, example_inputs, kind, index)
+            graph = JaxGraph(gm, example_inputs, kind, index, name)
         except MissingLowering as err:
             warnings.warn(f"tpusim: torch.compile graph {index} ({kind}) runs eagerly: no JAX lowering for "
                           f"{', '.join(err.ops)}", RuntimeWarning, stacklevel=2)
@@ -262,6 +289,8 @@ def _compiler(kind: str) -> Callable:
             return make_boxed_func(gm.forward)
         _REG.graphs.append(CompiledGraph(index, kind, ops, True))
         _dump(graph, index)
+        if debug is not None:
+            debug.add_executable(kind, graph)
         return graph
 
     return compile_graph
@@ -280,18 +309,117 @@ def _dump(graph: JaxGraph, index: int) -> None:
         (path / f"graph_{index}_{graph.kind}.mlir").write_text(text)
 
 
-def _inference_compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-    return _compiler("inference")(gm, example_inputs)
+@dataclass
+class TpuCompileDebug:
+    """What one torch.compile'd frame compiled to (TorchTPU's ``TpuCompileDebug``), handed to
+    ``options={"debug_callback": f}`` at once and filled as its graphs compile."""
+
+    pre_autograd_fx_code: list[str] = field(default_factory=list)
+    pre_autograd_fx_readable: list[str] = field(default_factory=list)
+    post_autograd_fx_forward_code: list[str] = field(default_factory=list)
+    post_autograd_fx_forward_readable: list[str] = field(default_factory=list)
+    post_autograd_fx_backward_code: list[str] = field(default_factory=list)
+    post_autograd_fx_backward_readable: list[str] = field(default_factory=list)
+    stablehlo_forward_text: list[str] = field(default_factory=list)
+    stablehlo_backward_text: list[str] = field(default_factory=list)
+    compiled_executables: list[object] = field(default_factory=list)
+
+    def add_graph(self, kind: str, gm: torch.fx.GraphModule) -> None:
+        part = "backward" if kind == "backward" else "forward"
+        getattr(self, f"post_autograd_fx_{part}_code").append(gm.code)
+        getattr(self, f"post_autograd_fx_{part}_readable").append(gm.print_readable(print_output=False))
+
+    def add_executable(self, kind: str, graph: JaxGraph) -> None:
+        part = "backward" if kind == "backward" else "forward"
+        getattr(self, f"stablehlo_{part}_text").append(graph.lower().as_text())
+        self.compiled_executables.append(graph)
+
+    def __str__(self) -> str:
+        sections = [(title, getattr(self, attr)) for title, attr in (
+            ("Pre-Autograd FX Graph", "pre_autograd_fx_code"),
+            ("Post-Autograd Forward FX Graph", "post_autograd_fx_forward_code"),
+            ("Post-Autograd Backward FX Graph", "post_autograd_fx_backward_code"),
+            ("StableHLO Forward", "stablehlo_forward_text"), ("StableHLO Backward", "stablehlo_backward_text"))]
+        text = [f"=== {title} ===\n" + "\n".join(items).strip() for title, items in sections if items]
+        return "\n\n".join(text) if text else "TpuCompileDebug(empty)"
+
+    def __repr__(self) -> str:
+        return (f"TpuCompileDebug(pre_fx={len(self.pre_autograd_fx_code)}, "
+                f"post_fwd_fx={len(self.post_autograd_fx_forward_code)}, "
+                f"post_bwd_fx={len(self.post_autograd_fx_backward_code)}, "
+                f"stablehlo_fwd={len(self.stablehlo_forward_text)}, stablehlo_bwd={len(self.stablehlo_backward_text)}, "
+                f"executables={len(self.compiled_executables)})")
+
+
+# TorchTPU's torch.compile options (its compile/_backend.py and compile tests): name -> (what is accepted, check)
+OPTIONS: dict[str, tuple[str, Callable[[object], bool]]] = {
+    "debug_callback": ("a callable taking a TpuCompileDebug", callable),
+    "name": ("text", lambda v: isinstance(v, str)),
+    "async_compile": ("True or False", lambda v: isinstance(v, bool)),
+    "serializable": ("True or False", lambda v: isinstance(v, bool)),
+    "bounded_dynamism": ("True or False", lambda v: isinstance(v, bool)),
+    "num_dynamic_buckets": ("a whole number 1..8", lambda v: isinstance(v, int) and not isinstance(v, bool)
+                            and 1 <= v <= 8),
+    "bucket_size": ("a whole number >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+    "tpu_backend": ("text", lambda v: isinstance(v, str)),
+}
+
+
+def _options(options: object) -> dict:
+    """TorchTPU's ``options=`` checked: one TpusimError per unknown key or bad value."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise TpusimError(f"torch.compile(backend='tpu', options={options!r}): expected a dict; accepted keys: "
+                          f"{', '.join(OPTIONS)}")
+    for key, value in options.items():
+        if key not in OPTIONS:
+            raise TpusimError(f"torch.compile(backend='tpu'): unknown option {key!r}; accepted: {', '.join(OPTIONS)}")
+        accepted, ok = OPTIONS[key]
+        if not ok(value):
+            raise TpusimError(f"torch.compile(backend='tpu'): option {key}={value!r}; accepted: {accepted}")
+    return options
 
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: object) -> Callable:
-    """The Dynamo backend: AOT autograd with Core ATen decompositions, each graph lowered to JAX."""
+    """The Dynamo backend: AOT autograd with Core ATen decompositions, each graph lowered to JAX.
+    ``kwargs``: torch.compile's ``options`` (TorchTPU's, see ``OPTIONS``) and ``mode`` (ignored)."""
     from torch._decomp import core_aten_decompositions  # Dynamo and AOT autograd: heavy, see above
     from torch._dynamo.backends.common import aot_autograd
 
-    return aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
-                        inference_compiler=_inference_compiler,
-                        decompositions=core_aten_decompositions())(gm, example_inputs, **kwargs)
+    unknown = sorted(set(kwargs) - {"options", "mode"})
+    if unknown:
+        raise TpusimError(f"torch.compile(backend='tpu'): unexpected argument(s) {unknown}; accepted: options, mode")
+    options = _options(kwargs.get("options"))
+    name = str(options.get("name", ""))
+    debug = None
+    if "debug_callback" in options:
+        debug = TpuCompileDebug(pre_autograd_fx_code=[gm.code],
+                                pre_autograd_fx_readable=[gm.print_readable(print_output=False)])
+        options["debug_callback"](debug)
+    return aot_autograd(fw_compiler=_compiler("forward", debug, name), bw_compiler=_compiler("backward", debug, name),
+                        inference_compiler=_compiler("inference", debug, name),
+                        decompositions=core_aten_decompositions())(gm, example_inputs)
+
+
+def _on_tpu(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
+    """Whether a Dynamo graph computes on "tpu": an input, parameter or buffer of it lives there."""
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    tensors += list(gm.parameters()) + list(gm.buffers())
+    return any(t.device.type == BACKEND for t in tensors)
+
+
+def auto_backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: object) -> Callable:
+    """``torch.compile``'s default backend once tpusim is loaded: "tpu" for graphs on tpu, as TorchTPU's
+    torch.compile does, else what the default was (Inductor), with torch.compile's mode and options."""
+    if _on_tpu(gm, example_inputs):
+        return tpu_backend(gm, example_inputs, **kwargs)
+    previous = _REG.previous_default
+    if previous == "inductor":
+        return torch._TorchCompileInductorWrapper(kwargs.get("mode"), kwargs.get("options"), None)(gm, example_inputs)
+    from torch._dynamo.backends.registry import lookup_backend  # Dynamo is loaded: it is calling us
+
+    return lookup_backend(previous)(gm, example_inputs, **kwargs)
 
 
 @contextlib.contextmanager
@@ -327,6 +455,10 @@ def dump_stablehlo(fn_or_module: Callable, *example_inputs: object, path: str | 
 def _register(registry: object) -> None:
     if BACKEND not in registry._COMPILER_FNS:
         registry.register_backend(compiler_fn=tpu_backend, name=BACKEND)
+    default = registry.get_default_backend()
+    if default is not auto_backend:
+        _REG.previous_default = default
+        registry.set_default_backend(auto_backend)
 
 
 def _skip_tpusim(trace_rules: object) -> None:
@@ -337,8 +469,9 @@ def _skip_tpusim(trace_rules: object) -> None:
 
 
 def install() -> None:
-    """Make ``backend="tpu"`` known to torch.compile when Dynamo is imported (it costs seconds, so not
-    before), and report its graphs in every recording's meta (backend/device.py calls this)."""
+    """Make ``backend="tpu"`` known to torch.compile, and the default for tpu graphs, when Dynamo is imported
+    (it costs seconds, so not before), and report its graphs in every recording's meta (backend/device.py
+    calls this)."""
     after_import("torch._dynamo.backends.registry", _register)
     after_import("torch._dynamo", lambda dynamo: _skip_tpusim(dynamo.trace_rules))
     recorder.add_meta_source(_trace_meta)

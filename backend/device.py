@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from tpusim.backend import compile as compile_backend
-from tpusim.backend import compiler, debug, fallback, recorder, shim, tpu_module
+from tpusim.backend import compiler, debug, fallback, recorder, shim, torchtpu, tpu_module
 from tpusim.backend.config import DeviceConfig, load_config
 from tpusim.backend.state import STATE
 from tpusim.backend.targets import select
@@ -45,6 +45,7 @@ def register(config: DeviceConfig | None = None) -> None:
     if current != NAME:
         torch.utils.rename_privateuse1_backend(NAME)
     torch._register_device_module(NAME, tpu_module)
+    torchtpu.install(tpu_module)                 # torch.tpu.distributed / .compiler / .ops, torch.backends.tpu
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
                                                          for_packed_sequence=True, for_storage=True)
     torch.set_autocast_dtype(NAME, torch.bfloat16)
@@ -104,12 +105,20 @@ def _mode_changed(old: str, new: str) -> None:
     STATE.target.on_mode_change(old, new)
 
 
+C10D_NAMES = ("tpusim", "tpu_dist", "tpu")      # tpusim's name, then TorchTPU's two (its ProcessGroupTpu)
+
+
 def _register_c10d() -> None:
     """Make "tpusim" the default c10d backend for "tpu" (``init_process_group()`` with no backend,
-    ``init_device_mesh("tpu", ...)``). Only the name is registered here; backend/distributed/ is
-    imported when the first process group is created, so importing the device stays cheap."""
-    if dist.is_available() and "TPUSIM" not in dist.Backend._plugins:
-        dist.Backend.register_backend("tpusim", _create_process_group, extended_api=True, devices=[NAME])
+    ``init_device_mesh("tpu", ...)``), and TorchTPU's names "tpu_dist" and "tpu" the same backend, so
+    ``init_process_group("tpu_dist")`` works under plain torchrun as under ``tpusim run``. Only the names
+    are registered here; backend/distributed/ is imported when the first process group is created, so
+    importing the device stays cheap."""
+    if not dist.is_available():
+        return
+    for name in C10D_NAMES:
+        if name.upper() not in dist.Backend._plugins:
+            dist.Backend.register_backend(name, _create_process_group, extended_api=True, devices=[NAME])
 
 
 def _create_process_group(opts: object, backend_options: object) -> object:

@@ -1,18 +1,30 @@
-"""``torch.tpu``: the device module, mirroring ``torch.cuda`` where that makes sense.
+"""``torch.tpu``: the device module, mirroring ``torch.cuda`` where that makes sense, and TorchTPU's ``torch.tpu``.
 
 Devices, streams and events, random-number state, memory statistics (of the simulated HBM) and
 AMP support. Registered by backend/device.py with ``torch._register_device_module("tpu", ...)``.
+TorchTPU's names (its public ``torch.tpu`` table) come from backend/torchtpu/, one module per group:
+``EagerMode``, the settable ``eager_mode`` and ``set_eager_mode`` (modes.py), ``Precision``,
+``precision`` and the settable ``allow_excess_precision`` (precision.py), ``topology_aware_mesh``
+and ``get_local_device_attributes`` (hardware.py), the compile-cache telemetry ``_get_cache_stats``
+and friends and ``_hbm_usage_summary`` (cache.py), the settable ``window_num_stripes`` /
+``window_stripe_chunk_mb`` (distributed/); ``torch.tpu.distributed``, ``torch.tpu.compiler`` and
+``torch.tpu.ops`` are those subpackages (backend/torchtpu/__init__.py ``install``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import torch
 from tpusim.backend import recorder
 from tpusim.backend.state import STATE
+from tpusim.backend.torchtpu import cache, hardware, modes, unsupported
+from tpusim.backend.torchtpu import distributed as _tpu_distributed
+from tpusim.backend.torchtpu import precision as precision_module
 
 from tpusim import eager
 
@@ -99,19 +111,40 @@ class _Properties(NamedTuple):
 
 
 def get_device_name(device: _device_t = None) -> str:
-    """The simulated chip generation, e.g. "TPU v5p"."""
+    """The simulated chip as TorchTPU names it, e.g. "TPU v5p", "TPU v7"."""
     return STATE.config.chip.display_name
 
 
 def get_device_properties(device: _device_t = None) -> _Properties:
+    """Name, chip, HBM per device (``total_memory``: half a chip's on v7, as TorchTPU reports) and one
+    multiprocessor, as TorchTPU's ``_TpuDeviceProperties`` (which has no ``chip``)."""
     _index(device)
     cfg = STATE.config
     return _Properties(cfg.chip.display_name, cfg.chip.name, cfg.hbm_bytes, 1)
 
 
+def get_local_device_attributes() -> dict[str, object]:
+    """The current device's place on the simulated slice (TorchTPU: its PJRT device attributes)."""
+    return hardware.local_device_attributes()
+
+
 def get_eager_mode() -> str:
-    """The active eager mode, "debug", "strict" or "fused" (set with tpusim.set_eager_mode)."""
+    """The active eager mode, "debug", "strict" or "fused" (``torch.tpu.eager_mode`` gives TorchTPU's EagerMode)."""
     return eager.get_eager_mode()
+
+
+# TorchTPU's names (backend/torchtpu/)
+EagerMode = modes.EagerMode
+set_eager_mode = modes.set_eager_mode
+Precision = precision_module.Precision
+precision = precision_module.precision
+topology_aware_mesh = hardware.topology_aware_mesh
+_get_cache_stats = cache.get_cache_stats
+_get_cache_requests = cache.get_cache_requests
+_get_cache_hits = cache.get_cache_hits
+_get_cache_misses = cache.get_cache_misses
+_clear_cache = cache.clear_cache
+_hbm_usage_summary = cache.hbm_usage_summary
 
 
 def synchronize(device: _device_t = None) -> None:
@@ -171,10 +204,14 @@ def stream(s: torch.Stream | None) -> Iterator[None]:
 
 
 def __getattr__(name: str) -> object:
-    """``torch.tpu.default_generators``: the device's generators (``STATE``, set at registration)."""
+    """``torch.tpu.default_generators``: the device's generators (``STATE``, set at registration); TorchTPU
+    names that cannot run here (backend/torchtpu/unsupported.py)."""
     if name == "default_generators":
         return STATE.default_generators
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    found = unsupported.stand_in("torch.tpu", name)
+    if found is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return found
 
 
 def _gen(device: _device_t) -> torch.Generator:
@@ -272,10 +309,34 @@ def empty_cache() -> None:
 
 # ---------------------------------------------------------------- AMP
 
+# TorchTPU's list (torch_tpu/_internal/device/_device_module.py _AMP_SUPPORTED_DTYPES): the dtypes autocast accepts
+_AMP_DTYPES = (torch.bfloat16, torch.bool, torch.complex128, torch.complex64, torch.float16, torch.float32,
+               torch.float64, torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz,
+               torch.float8_e8m0fnu, torch.int16, torch.int32, torch.int64, torch.int8, torch.uint16, torch.uint32,
+               torch.uint64, torch.uint8)
+
+
 def get_amp_supported_dtype() -> list[torch.dtype]:
-    """bfloat16 is the TPU's low-precision type (float16 is not native on TPUs)."""
-    return [torch.bfloat16]
+    """The dtypes ``torch.autocast("tpu", dtype=...)`` accepts: TorchTPU's list (bfloat16 is the TPU's native
+    low-precision type and autocast's default here)."""
+    return list(_AMP_DTYPES)
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
+
+
+class _TpuModule(ModuleType):
+    """``torch.tpu``'s settable attributes, as TorchTPU's device module has them (properties of its class)."""
+
+    eager_mode = property(lambda self: modes.get_eager_mode(), lambda self, value: modes.set_global_eager_mode(value),
+                          doc="The active eager mode as a torch.tpu.EagerMode member; assign one to switch.")
+    allow_excess_precision = property(lambda self: precision_module.get_allow_excess_precision(),
+                                      lambda self, value: precision_module.set_allow_excess_precision(value))
+    window_num_stripes = property(lambda self: _tpu_distributed.get_window_num_stripes(),
+                                  lambda self, value: _tpu_distributed.set_window_num_stripes(value))
+    window_stripe_chunk_mb = property(lambda self: _tpu_distributed.get_window_stripe_chunk_mb(),
+                                      lambda self, value: _tpu_distributed.set_window_stripe_chunk_mb(value))
+
+
+sys.modules[__name__].__class__ = _TpuModule

@@ -9,7 +9,8 @@ strings of a chip (``chip_for_device_kind``: "TPU v5 lite" -> v5e), and tpusim's
 ``default = true`` on the chip used when nothing names one (``default_chip``) and
 ``default_for_dims`` on the chip a topology string of that many axes gets
 (``default_chip_for_dims``). Those two are choices, so they are plain keys with a comment, not
-sourced tables.
+sourced tables. So are a chip's other names, ``aliases`` (the Cloud accelerator names and code names a
+user types: "tpu7x", "ironwood" -> v7), which ``load_chip`` accepts as well as the file name.
 """
 
 import dataclasses
@@ -73,6 +74,10 @@ class ChipSpec:
     jax_device_kinds: tuple[str, ...] = ()   # what JAX's Device.device_kind says on this chip ("TPU v5 lite")
     default: bool = False                # tpusim's choice: the chip when nothing names one
     default_for_dims: tuple[int, ...] = ()   # tpusim's choice: topology strings of these many axes get it
+    aliases: tuple[str, ...] = ()        # other names load_chip accepts ("tpu7x", "ironwood"), lower case
+    # Devices a chip exposes to software (optional, sourced): 1, or 2 on v7 (one per TensorCore); the tpu
+    # device shows each as one device with its share of the chip's HBM
+    devices_per_chip: int = 1
 
     @property
     def mxus_per_chip(self) -> int:
@@ -86,7 +91,7 @@ ESTIMATE_PREFIX = "estimate: "
 
 TOPOLOGY_DIMS = (1, 2, 3)                              # "1d:", "2d:", "3d:" topology strings
 WRAP_RULES = ("cube", "full_axis")
-PLAIN_KEYS = ("name", "display_name", "default", "default_for_dims")   # plain values, no source table
+PLAIN_KEYS = ("name", "display_name", "default", "default_for_dims", "aliases")   # plain values, no source table
 _ZERO_ALLOWED = ("sparsecores_per_chip", "sparsecore_tiles", "sparsecore_simd_width",
                  "sparsecore_gather_bytes_per_s")      # 0 = the chip has no SparseCores
 _TABLE_KEYS = ("value", "source", "estimate", "alternatives")
@@ -175,12 +180,16 @@ def _resolve(name_or_path: str | os.PathLike) -> Path:
     name = text.strip().lower()
     path = chips_dir() / f"{name}.toml"
     if not path.is_file():
+        named = [chip.name for chip in _all_chips() if name in chip.aliases]
+        if len(named) == 1:
+            return (chips_dir() / f"{named[0]}.toml").resolve()
         known = available_chips()
         if not known:
             raise TpusimError(f"no chip files found in {chips_dir()} (set {ENV_TOPOLOGIES} to the "
                               f"topologies/ folder that holds chips/*.toml)")
+        aliases = sorted(a for chip in _all_chips() for a in chip.aliases)
         raise TpusimError(f"unknown chip {text!r}; available chips: {', '.join(known)} "
-                          f"(or give the path of a .toml file)")
+                          f"(also accepted: {', '.join(aliases) or 'no aliases'}; or give the path of a .toml file)")
     return path.resolve()
 
 
@@ -236,6 +245,10 @@ def _plain(path: str, key: str, raw: object, kind: object) -> object:
         if not isinstance(raw, bool):
             raise TpusimError(f"{path}: {key} must be true or false, not {raw!r}")
         return raw
+    if typing.get_args(kind)[0] is str:                # aliases: other names of the chip
+        if not isinstance(raw, list) or not all(isinstance(n, str) and n.strip() for n in raw):
+            raise TpusimError(f"{path}: {key} must be a list of names, e.g. {key} = [\"ironwood\"], not {raw!r}")
+        return tuple(n.strip().lower() for n in raw)
     if not isinstance(raw, list) or any(isinstance(n, bool) or n not in TOPOLOGY_DIMS for n in raw):
         raise TpusimError(f"{path}: {key} must be a list of topology dimensionalities from "
                           f"{list(TOPOLOGY_DIMS)}, e.g. {key} = [3], not {raw!r}")

@@ -1,8 +1,10 @@
 """torch.distributed on the simulated slice: the c10d backend "tpusim" for device "tpu".
 
-    import torch                                       # the device registers the "tpusim" name for "tpu";
-    dist.init_process_group("tpusim")                  # this package loads at the first process group
-                                                       # (or no backend: "tpusim" is the default for tpu)
+    import torch                                       # the device registers the "tpusim" name for "tpu",
+    dist.init_process_group("tpusim")                  # and TorchTPU's "tpu_dist" and "tpu" for the same
+                                                       # backend (backend/device.py); this package loads at
+                                                       # the first process group (or no backend: "tpusim"
+                                                       # is the default for tpu)
     mesh = init_device_mesh("tpu", (64, 8), mesh_dim_names=("fsdp", "tp"))
 
 Two ways to run a world (``TPUSIM_RANKS``, set by ``tpusim run --ranks``):
@@ -10,8 +12,9 @@ Two ways to run a world (``TPUSIM_RANKS``, set by ``tpusim run --ranks``):
 - ``one``: this process is rank 0 of the whole world; collectives compute their result by the
   symmetry rule of numerics.py (every peer holds what this rank holds) and are priced on the full
   torus. ``init_process_group`` needs no rendezvous (a HashStore stands in).
-- ``all``: one process per rank (launcher.py starts them); data really moves (gloo on loopback,
-  transport.py), and every collective is fingerprinted across ranks first (hang.py).
+- ``all``: one process per rank (launcher.py starts them, or plain ``torchrun`` when TPUSIM_RANKS is
+  unset and the world has several ranks); data really moves (gloo on loopback, transport.py), and every
+  collective is fingerprinted across ranks first (hang.py).
 
 Map: process_group.py (the ProcessGroup: every collective), numerics.py (the --ranks one rule),
 transport.py (gloo), hang.py (fingerprints, diagnosis), emit.py (trace records, mesh layouts),
@@ -58,7 +61,8 @@ def install() -> None:
 def _patch_init_process_group() -> None:
     """Under ``tpusim run`` (TPUSIM_RANKS set): a script written for torchrun runs unchanged.
 
-    Its "nccl"/"gloo" backend becomes "tpusim" (the slice's interconnect), and with ``--ranks one``
+    Its "nccl"/"gloo" backend becomes "tpusim" (the slice's interconnect; TorchTPU's "tpu_dist" and "tpu"
+    already are, registered by backend/device.py), and with ``--ranks one``
     the rendezvous is a local HashStore, since the other ranks exist only in the simulator."""
     original = c10d.init_process_group
     if getattr(original, "_tpusim", False):

@@ -1,7 +1,8 @@
 """``python -m tpusim``: one dispatcher, one module per subcommand under tpusim/commands/.
 
 Adding a subcommand = one module with ``add_parser(subparsers)`` and ``run(args) -> int``,
-listed in ``COMMANDS``. Bad input (``TpusimError``) is printed as one line with exit code 2.
+listed in ``COMMANDS``. Bad input (``TpusimError``) is printed as one line with exit code 2; Ctrl-C that
+reaches here (no report to save: `tpusim run` handles its own once the script has run) is one line and 130.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ COMMANDS = {
     "collective": "collective",
     "run": "run",
     "compare": "compare",
+    "validate": "validate",
 }
 
 DESCRIPTION = """\
@@ -72,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:  # `tpusim ... | head`
         return 0
+    except KeyboardInterrupt:  # Ctrl-C before the script ran, or in a command with no report to save
+        print(f"\ntpusim {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -26,6 +26,13 @@ compute_s per unit:
 
 ``transfer_seconds`` prices host<->device copies over PCIe.
 Adding a unit = one function in ``_UNIT_COST``.
+
+**Calibration terms (opt-in).** A chip carrying ``CalibrationTerms`` (``tpusim.calibration``
+builds such a chip from ``topologies/calibration/<chip>.toml``; ``tpusim validate`` loads it)
+prices MXU work at ``mxu_efficiency`` x the peak and HBM traffic at ``hbm_efficiency`` x the
+bandwidth: what compiled TPU programs achieve, fitted to published measurements. A plain
+``ChipSpec`` has no terms, so every number above is unchanged (``calibration_terms`` returns
+``NO_TERMS``, both 1.0). Utilisation stays relative to the datasheet peak.
 """
 
 from __future__ import annotations
@@ -78,6 +85,23 @@ class KernelCost:
     def tile_efficiency(self) -> float:
         """Share of MXU work that is useful (1.0 = no padding; 0.5 = a head dim of 64 on 128 tiles)."""
         return self.flops / self.padded_flops if self.padded_flops else 1.0
+
+
+@dataclass(frozen=True)
+class CalibrationTerms:
+    """Opt-in model terms a calibration sets on a chip (module docstring); the defaults change nothing."""
+
+    mxu_efficiency: float = 1.0     # achieved share of the MXU peak (pipeline fill/drain, stalls, layout)
+    hbm_efficiency: float = 1.0     # achieved share of the HBM bandwidth
+
+
+NO_TERMS = CalibrationTerms()
+
+
+def calibration_terms(chip: ChipSpec) -> CalibrationTerms:
+    """The chip's calibration terms: a calibrated chip (``tpusim.calibration.CalibratedChip``) carries
+    them as ``terms``; a plain ChipSpec has none (``NO_TERMS``)."""
+    return getattr(chip, "terms", NO_TERMS)
 
 
 def dtype_class(dtype: str) -> str:
@@ -137,6 +161,9 @@ def _mxu_compute(op: OpRecord, chip: ChipSpec) -> tuple[float, float, str]:
         mxus = chip.mxus_per_chip
         per_tile_s = 2.0 * m * chip.mxu_size ** 2 / (peak / mxus)
         mxu_s = math.ceil(tiles / mxus) * per_tile_s
+    efficiency = calibration_terms(chip).mxu_efficiency
+    if efficiency != 1.0:
+        mxu_s /= efficiency
     trans_s = op.transcendentals / chip.transcendentals_per_s
     return (mxu_s, padded, "mxu") if mxu_s >= trans_s else (trans_s, padded, "transcendental")
 
@@ -176,7 +203,7 @@ def kernel_cost(op: OpRecord, chip: ChipSpec) -> KernelCost:
                           f"and bytes must be >= 0")
     compute_s, padded, bound = _UNIT_COST[op.unit](op, chip)
     nbytes = op.bytes_read + op.bytes_written
-    memory_s = nbytes / chip.hbm_bytes_per_s
+    memory_s = nbytes / (chip.hbm_bytes_per_s * calibration_terms(chip).hbm_efficiency)
     launch_s = chip.kernel_launch_ns / 1e9
     if memory_s > compute_s:
         bound = "hbm"

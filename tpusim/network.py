@@ -29,6 +29,10 @@ Model (what a number from this module means):
 Only channels some flow used exist (they are created lazily), which is what lets a
 representative-ring simulation of an 8960-chip slice stay small.
 
+**Faults.** On a faulted slice (``Slice.faults``) ``send`` routes around the failures
+(``Slice.route``), and a path over a failed channel is refused (``FaultError``): a failed link
+carries nothing, so whatever reaches the network has been rerouted first.
+
 **Fast-forward hook.** The network counts the flows in flight (``active_flows``) and started
 (``flows_started``) and the jobs running (``running``: collectives between their start and end,
 counted by their runner), and can hold one *pending* fast-forwarded job (``hold``): something that
@@ -50,7 +54,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from tpusim.errors import TpusimError
-from tpusim.topology import Coord, Slice
+from tpusim.topology import Coord, FaultError, Slice
 
 DEFAULT_CHUNK_BYTES = 4 * 2**20  # fine enough to interleave ring steps of MiB shards, few events per GiB
 DCN_AXIS = -1                    # axis number of the DCN egress/ingress channels in a ChannelKey
@@ -131,8 +135,10 @@ def dcn_path(src_slice: int, src: Coord, dst_slice: int, dst: Coord) -> tuple[Ch
 
 
 def ici_path(slice_: Slice, src: Coord, dst: Coord, slice_index: int = 0) -> tuple[ChannelKey, ...]:
-    """Channels of the dimension-order route src -> dst inside one slice."""
-    return tuple((slice_index, u, axis, d) for u, _v, axis, d in slice_.route(tuple(src), tuple(dst)))
+    """Channels of the dimension-order route src -> dst inside one slice (around the failures of a
+    faulted slice, which are in slice 0: ``Slice.route``)."""
+    where = slice_ if slice_index == 0 else slice_.healthy
+    return tuple((slice_index, u, axis, d) for u, _v, axis, d in where.route(tuple(src), tuple(dst)))
 
 
 class Network:
@@ -160,6 +166,8 @@ class Network:
             s, _coord, axis, direction = key
             if not 0 <= s < self.slice.num_slices:
                 raise TpusimError(f"slice index {s} is not in 0..{self.slice.num_slices - 1}")
+            if s == 0 and self.slice.faults:
+                self._check_working(key)
             if axis == DCN_AXIS:
                 bw, lat = self._dcn
                 lat = lat if direction == DCN_OUT else 0.0
@@ -167,6 +175,13 @@ class Network:
                 bw, lat = self._ici
             ch = self.channels[key] = Channel(key, bw, lat)
         return ch
+
+    def _check_working(self, key: ChannelKey) -> None:
+        _s, coord, axis, direction = key
+        dead = coord in self.slice.faults.chips if axis == DCN_AXIS else self.slice.channel_failed(
+            coord, axis, direction)
+        if dead:
+            raise FaultError(f"channel {channel_name(key)} has failed: a path over it was not rerouted")
 
     def path_latency_s(self, path: Sequence[ChannelKey]) -> float:
         return sum(self.channel(k).latency_s for k in path)

@@ -17,7 +17,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpusim.errors import TpusimError
+from tpusim.errors import TpusimError, plain_text, shown
 
 
 def _our_paths() -> tuple[str, ...]:
@@ -40,11 +40,22 @@ class ScriptOutcome:
 
 
 def check_script(path: str) -> Path:
+    """The script's resolved path, or one TpusimError saying why it cannot run (missing, a folder,
+    unreadable, a name with a control character in it)."""
+    plain_text(path, "script", "give the path of a Python file, e.g. examples/mlp.py", max_length=4096,
+               ascii_only=False)
     script = Path(path)
-    if not script.is_file():
-        raise TpusimError(f"script {path!r} does not exist (give the path of a Python file, "
-                          f"e.g. examples/mlp.py)")
-    return script.resolve()
+    hint = "give the path of a Python file, e.g. examples/mlp.py"
+    try:
+        if script.is_dir():
+            raise TpusimError(f"script {shown(path)} is a folder, not a Python file ({hint})")
+        if not script.is_file():
+            raise TpusimError(f"script {shown(path)} does not exist ({hint})")
+        if not os.access(script, os.R_OK):
+            raise TpusimError(f"script {shown(path)} cannot be read (permission denied)")
+        return script.resolve()
+    except OSError as error:            # a name too long for the file system, ...
+        raise TpusimError(f"script {shown(path)} cannot be read: {error.strerror or error}") from None
 
 
 def run_script(path: str | Path, argv: list[str]) -> ScriptOutcome:

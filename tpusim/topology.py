@@ -27,46 +27,130 @@ Conventions (other modules code against these):
 
 ``hops``/``route``/``diameter_hops``/``bisection_links`` are O(dims) arithmetic; the networkx
 graph is built lazily, only for whoever asks for ``Slice.graph`` (tests, plots).
+
+**Faults** (``Slice.faults``; ``tpusim.faults`` parses ``--fail-links``/``--fail-chips`` and
+applies them). A failed link loses both of its one-way channels; a failed chip loses all its
+links. ``route`` is then *dimension-order routing with detours*: the usual route where it
+meets no failure; otherwise a shortest path over the working links, taking at every chip the
+first move of x+, x-, y+, y-, z+, z- that stays on a shortest path (so it keeps dimension order
+where it can). On a 4-ring with x+@(0,0,0) failed, 0 -> 1 goes the long way round,
+0 -> 3 -> 2 -> 1 (three hops, as every way around is); on an 8-ring it steps aside instead,
+x+@(0,1,0) one line over (y+, x+, y-). A route from or to a failed chip, or between chips the
+failures cut apart, is a ``FaultError``. ``hops``, ``diameter_hops`` and the bisection stay
+those of the healthy slice (``Slice.healthy``). Faults name chips of slice 0.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import networkx as nx
 
 from tpusim import spec as _spec
-from tpusim.errors import TpusimError
+from tpusim.errors import TpusimError, plain_text, shown
 from tpusim.spec import ChipSpec
 
 AXIS_NAMES = ("x", "y", "z")
 
 Coord = tuple[int, ...]
 Hop = tuple[Coord, Coord, int, int]  # (src, dst, axis, direction)
+LinkKey = tuple[Coord, int]          # a physical link: the one leaving coord in the + direction of axis
+
+
+class FaultError(TpusimError):
+    """A route or a collective cannot complete on a faulted slice (a failed chip in the way, or
+    failures that cut two chips apart)."""
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Links and chips removed from a slice (see the module docstring; ``tpusim.faults`` builds them)."""
+
+    links: frozenset[LinkKey] = frozenset()   # failed physical links, each as (coord, axis): the + link
+    chips: frozenset[Coord] = frozenset()     # failed chips (their links fail with them)
+    seed: int | None = None                   # the --fault-seed that drew them, when drawn at random
+
+    def __bool__(self) -> bool:
+        return bool(self.links or self.chips)
+
+
+NO_FAULTS = Faults()
+
+
+def format_coord(coord: Coord) -> str:
+    """(1, 0, 0) -> '(1,0,0)', as --fail-chips takes it."""
+    return "(" + ",".join(map(str, coord)) + ")"
+_MOVES = ((0, 1), (0, -1), (1, 1), (1, -1), (2, 1), (2, -1))   # detour preference: x+, x-, y+, y-, z+, z-
 
 _ACCEPTED = "accepted forms: 1d:N, 2d:AxB, 3d:AxBxC with positive integers, e.g. 2d:16x16 or 3d:8x8x8"
-_SPEC_RE = re.compile(r"([123])d:(\d+(?:x\d+)*)")
+_SPEC_RE = re.compile(r"([123])[dD]:([0-9]+(?:[xX][0-9]+)*)", re.ASCII)
+MAX_AXIS_DIGITS = 6             # an axis length of 1,000,000 chips or more is no TPU slice
+MAX_SLICES = 1024               # multislice: slices joined over DCN (the largest published jobs use ~200)
 
 
 def parse_topology(spec: str) -> tuple[int, ...]:
-    """Parse "1d:N", "2d:AxB" or "3d:AxBxC" into axis lengths, x first."""
-    text = spec.strip().lower() if isinstance(spec, str) else ""
+    """Parse "1d:N", "2d:AxB" or "3d:AxBxC" into axis lengths, x first. Spaces around it are ignored;
+    anything but printable ASCII (a tab, a newline, Unicode digits) is refused."""
+    text = plain_text(spec, "bad topology", _ACCEPTED, max_length=64).strip(" ")
     m = _SPEC_RE.fullmatch(text)
     if m is None:
-        raise TpusimError(f"bad topology {spec!r}: {_ACCEPTED}")
+        raise TpusimError(f"bad topology {shown(spec)}: {_ACCEPTED}")
     ndims = int(m.group(1))
-    dims = tuple(int(p) for p in m.group(2).split("x"))
+    parts = re.split("[xX]", m.group(2))
+    if max(len(p.lstrip("0")) for p in parts) > MAX_AXIS_DIGITS:
+        raise TpusimError(f"bad topology {shown(spec)}: an axis length has more than {MAX_AXIS_DIGITS} digits, "
+                          f"larger than any TPU slice; {_ACCEPTED}")
+    dims = tuple(int(p) for p in parts)
     if len(dims) != ndims:
-        raise TpusimError(f"bad topology {spec!r}: '{ndims}d:' needs {ndims} lengths, got {len(dims)}; "
+        raise TpusimError(f"bad topology {shown(spec)}: '{ndims}d:' needs {ndims} lengths, got {len(dims)}; "
                           f"{_ACCEPTED}")
     if min(dims) < 1:
-        raise TpusimError(f"bad topology {spec!r}: every axis length must be >= 1; {_ACCEPTED}")
+        raise TpusimError(f"bad topology {shown(spec)}: every axis length must be >= 1; {_ACCEPTED}")
     return dims
+
+
+def parse_slices(text: str | int, flag: str = "--slices") -> int:
+    """``--slices N``: a whole number of slices from 1 to ``MAX_SLICES``, in ASCII digits."""
+    accepted = f"accepted: a whole number from 1 to {MAX_SLICES}"
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        word = plain_text(text, flag, accepted, max_length=32).strip(" ")
+        if not re.fullmatch(r"[+-]?[0-9]{1,10}", word, re.ASCII):
+            raise TpusimError(f"{flag} {shown(text)} is not a whole number; {accepted}")
+        value = int(word)
+    if not 1 <= value <= MAX_SLICES:
+        raise TpusimError(f"{flag} {value} is out of range; {accepted}")
+    return value
+
+
+_CHIP_ACCEPTED = "give a chip name such as v5p (see `tpusim chips`) or the path of a .toml chip file"
+
+
+def parse_chip_name(text: str) -> str:
+    """``--chip``: a generation name (v5p) or the path of a chip TOML file, checked before any file is
+    looked at (printable, no tab or newline, no name longer than a file system takes); whether it exists
+    is ``spec.load_chip``'s to say."""
+    name = plain_text(text, "--chip", _CHIP_ACCEPTED, max_length=1024, ascii_only=False).strip(" ")
+    if not name or max(len(part) for part in name.split("/")) > 255:
+        raise TpusimError(f"--chip {shown(text)} is not a chip name or a file path; {_CHIP_ACCEPTED}")
+    return name
+
+
+def load_chip_arg(chip: str) -> ChipSpec:
+    """``spec.load_chip`` of a ``--chip`` value: checked first, and a file that cannot be read is a
+    TpusimError, not an OSError."""
+    name = parse_chip_name(chip)
+    try:
+        return _spec.load_chip(name)
+    except OSError as error:
+        raise TpusimError(f"--chip {shown(chip)}: cannot read it: {error.strerror or error}") from None
 
 
 def format_topology(dims: tuple[int, ...]) -> str:
@@ -108,6 +192,7 @@ class Slice:
     chip: ChipSpec
     num_slices: int = 1
     default_chip_used: bool = False
+    faults: Faults = NO_FAULTS
 
     # ---- sizes -------------------------------------------------------------------------------
     @property
@@ -259,7 +344,7 @@ class Slice:
                 assert nxt is not None, "steps() only moves along existing links"
                 path.append((cur, nxt, axis, direction))
                 cur = nxt
-        return path
+        return self.detour(path) if self.faults else path
 
     @property
     def diameter_hops(self) -> int:
@@ -297,6 +382,76 @@ class Slice:
     def bisection_bytes_per_s(self) -> float:
         """Bisection bandwidth of one slice, Google's convention: cut links x one-way link bandwidth."""
         return self.bisection_links * self.chip.ici_link_bytes_per_s
+
+    # ---- faults ------------------------------------------------------------------------------
+    @cached_property
+    def healthy(self) -> Slice:
+        """The same slice with every link and chip working."""
+        return self if not self.faults else dataclasses.replace(self, faults=NO_FAULTS)
+
+    def _step(self, coord: Coord, axis: int, direction: int) -> Coord | None:
+        """``neighbor`` without its argument checks (hot in detour searches)."""
+        n = self.dims[axis]
+        v = coord[axis] + direction
+        out = list(coord)
+        if 0 <= v < n:
+            out[axis] = v
+            return tuple(out)
+        if n == 1 or not self.wrap[axis]:
+            return None
+        out[axis] = v % n
+        for j, s in self._shifts[axis]:
+            out[j] = (out[j] + direction * s) % self.dims[j]
+        return tuple(out)
+
+    def link_key(self, coord: Coord, axis: int, direction: int) -> LinkKey | None:
+        """The physical link a one-way channel belongs to, named by its + end; None where none is."""
+        if direction > 0:
+            return None if self._step(coord, axis, 1) is None else (tuple(coord), axis)
+        back = self._step(coord, axis, -1)
+        return None if back is None else (back, axis)
+
+    def link_name(self, key: LinkKey) -> str:
+        """((0, 0, 0), 0) -> 'x+@(0,0,0)', the form --fail-links takes."""
+        coord, axis = key
+        return f"{self.axis_names[axis]}+@{format_coord(coord)}"
+
+    def channel_failed(self, coord: Coord, axis: int, direction: int) -> bool:
+        """True when the channel leaving ``coord`` along ``axis`` in ``direction`` is gone (its link,
+        or a chip at either end, has failed). Always False on a healthy slice."""
+        f = self.faults
+        if not f:
+            return False
+        nxt = self._step(coord, axis, direction)
+        if nxt is None or coord in f.chips or nxt in f.chips:
+            return True
+        return ((coord, axis) if direction > 0 else (nxt, axis)) in f.links
+
+    @cached_property
+    def failed_links(self) -> frozenset[LinkKey]:
+        """Every physical link that is gone: the failed ones and those of failed chips."""
+        out = set(self.faults.links)
+        for c in self.faults.chips:
+            for axis in range(self.ndims):
+                for d in (1, -1):
+                    key = self.link_key(c, axis, d)
+                    if key is not None:
+                        out.add(key)
+        return frozenset(out)
+
+    def detour(self, path: list[Hop]) -> list[Hop]:
+        """``path`` (one route, src -> dst) itself when every hop of it works, else the detour around
+        the failures from its first chip to its last (module docstring)."""
+        if not path or not self.faults:
+            return path
+        if not any(self.channel_failed(u, axis, d) for u, _v, axis, d in path):
+            return path
+        src, dst = path[0][0], path[-1][1]
+        for end in (src, dst):
+            if end in self.faults.chips:
+                raise FaultError(f"chip {format_coord(end)} has failed (--fail-chips): nothing can be sent "
+                                 f"from or to it")
+        return list(_around(self, src, dst))
 
     # ---- graph -------------------------------------------------------------------------------
     @cached_property
@@ -337,7 +492,54 @@ class Slice:
             "ici_hop_latency_ns": self.chip.ici_hop_latency_ns,
             "dcn_bytes_per_s": self.chip.dcn_bytes_per_s,
             "dcn_slice_bytes_per_s": self.chip.dcn_bytes_per_s * self.num_chips,  # one slice's DCN egress
+            **({"faults": self.faults_dict()} if self.faults else {}),
         }
+
+    def faults_dict(self) -> dict:
+        """The report's view of the faults: what failed (in --fail-links/--fail-chips form) and what is left."""
+        gone = self.failed_links
+        return {"failed_links": sorted(self.link_name(k) for k in self.faults.links),
+                "failed_chips": [list(c) for c in sorted(self.faults.chips)],
+                "seed": self.faults.seed, "links_lost": len(gone), "links_working": self.num_links - len(gone)}
+
+
+@lru_cache(maxsize=256)
+def _distances(slice_: Slice, target: Coord) -> dict[Coord, int]:
+    """Hops from every chip to ``target`` over working links (breadth-first; links are two-way)."""
+    dist = {target: 0}
+    frontier = [target]
+    moves = [(a, d) for a, d in _MOVES if a < slice_.ndims and slice_.dims[a] > 1]
+    while frontier:
+        nxt_frontier = []
+        for c in frontier:
+            for axis, d in moves:
+                nxt = slice_._step(c, axis, d)
+                if nxt is not None and nxt not in dist and not slice_.channel_failed(c, axis, d):
+                    dist[nxt] = dist[c] + 1
+                    nxt_frontier.append(nxt)
+        frontier = nxt_frontier
+    return dist
+
+
+@lru_cache(maxsize=4096)
+def _around(slice_: Slice, src: Coord, dst: Coord) -> tuple[Hop, ...]:
+    """The detour src -> dst: a shortest path over working links, taking at each chip the first move
+    of x+, x-, y+, y-, z+, z- that stays on a shortest path."""
+    dist = _distances(slice_, dst)
+    if src not in dist:
+        raise FaultError(f"no route from chip {format_coord(src)} to chip {format_coord(dst)}: the failed "
+                         f"links and chips cut them apart")
+    moves = [(a, d) for a, d in _MOVES if a < slice_.ndims and slice_.dims[a] > 1]
+    out = []
+    cur = src
+    while cur != dst:
+        for axis, d in moves:
+            nxt = slice_._step(cur, axis, d)
+            if nxt is not None and dist.get(nxt) == dist[cur] - 1 and not slice_.channel_failed(cur, axis, d):
+                out.append((cur, nxt, axis, d))
+                cur = nxt
+                break
+    return tuple(out)
 
 
 def default_wrap(dims: tuple[int, ...], chip: ChipSpec) -> tuple[bool, ...]:
@@ -355,7 +557,7 @@ def _resolve_chip(chip: str | ChipSpec | None, ndims: int) -> tuple[ChipSpec, bo
         return chip, False
     if chip is None:
         return _spec.default_chip_for_dims(ndims), True
-    return _spec.load_chip(chip), False
+    return load_chip_arg(chip), False
 
 
 def _check_fits(spec: str, dims: tuple[int, ...], cs: ChipSpec) -> None:
@@ -396,8 +598,8 @@ def build_slice(
     given = len(dims)
     dims = dims + (1,) * (want - given)
     _check_fits(spec, dims, cs)
-    if not isinstance(slices, int) or slices < 1:
-        raise TpusimError(f"slices={slices!r}: expected an integer >= 1")
+    if not isinstance(slices, int) or isinstance(slices, bool) or not 1 <= slices <= MAX_SLICES:
+        raise TpusimError(f"slices={shown(slices)}: expected a whole number from 1 to {MAX_SLICES}")
 
     if wrap is None:
         wraps = default_wrap(dims, cs)

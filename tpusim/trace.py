@@ -25,7 +25,7 @@ Record kinds (the ``kind`` key on disk):
 
 Example (two lines of a trace file)::
 
-    {"schema": "tpusim-trace", "version": 1, "world_size": 1, "rank": 0, "meta": {}}
+    {"schema": "tpusim-trace", "version": 1, "world_size": 1, "rank": 0, "records": 1, "meta": {}}
     {"kind": "op", "seq": 0, "op": "aten::mm", "unit": "mxu", "dtype": "bfloat16",
      "inputs": [{"id": 1, "shape": [64, 128], "dtype": "bfloat16", "nbytes": 16384, "storage": 1}, ...],
      "outputs": [...], "flops": 2097152, "transcendentals": 0, "bytes_read": 49152,
@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tpusim.errors import TpusimError
-from tpusim.ops import family_of
+from tpusim.ops import Family, family_of
 
 SCHEMA = "tpusim-trace"
 SCHEMA_VERSION = 1
@@ -180,69 +180,193 @@ def record_to_dict(record: Record) -> dict[str, Any]:
 
 
 def record_from_dict(data: dict[str, Any], where: str = "record") -> Record:
-    """Build a record from its JSON form, naming the field and accepted values on error."""
+    """Build a record from its JSON form, naming the field and accepted values on error: every field is
+    checked against its type (whole numbers, finite numbers, text, true/false, lists of tensors)."""
+    if not isinstance(data, dict):
+        raise TpusimError(f"{where}: a record must be a JSON object with a 'kind', not {_short(data)}")
     kind = data.get("kind")
-    if kind not in RECORD_TYPES:
-        raise TpusimError(f"{where}: unknown kind {kind!r}; accepted: {', '.join(RECORD_TYPES)}")
+    if not isinstance(kind, str) or kind not in RECORD_TYPES:
+        raise TpusimError(f"{where}: unknown kind {_short(kind)}; accepted: {', '.join(RECORD_TYPES)}")
     cls = RECORD_TYPES[kind]
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = _record_fields(cls)
     unknown = set(data) - set(fields) - {"kind"}
     if unknown:
-        raise TpusimError(f"{where}: unknown field(s) {sorted(unknown)} for kind {kind!r}; "
+        raise TpusimError(f"{where}: unknown field(s) {[k[:40] for k in sorted(unknown)[:5]]} for kind {kind!r}; "
                           f"accepted: {', '.join(fields)}")
-    missing = [name for name, f in fields.items() if name not in data
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [name for name, (required, _) in fields.items() if required and name not in data]
     if missing:
         raise TpusimError(f"{where}: kind {kind!r} is missing field(s) {missing}")
-    values = {k: v for k, v in data.items() if k != "kind"}
-    for key in ("inputs", "outputs"):
-        if key in values:
-            values[key] = tuple(_tensor_meta(t, f"{where}.{key}") for t in values[key])
-    for key in ("group", "matmul"):
-        if values.get(key) is not None:
-            values[key] = tuple(values[key])
+    values = {k: fields[k][1](v, f"{where}: {kind}.{k}") for k, v in data.items() if k != "kind"}
     if kind in _ENUM_FIELD:
         attr, allowed = _ENUM_FIELD[kind]
         if values[attr] not in allowed:
-            raise TpusimError(f"{where}: {attr} {values[attr]!r} is not one of {', '.join(allowed)}")
+            raise TpusimError(f"{where}: {attr} {_short(values[attr])} is not one of {', '.join(allowed)}")
+    if values.get("family") and values["family"] not in _FAMILY_NAMES:
+        raise TpusimError(f"{where}: family {_short(values['family'])} is not one of {', '.join(_FAMILY_NAMES)}")
     return cls(**values)
 
 
-def _tensor_meta(data: dict[str, Any], where: str) -> TensorMeta:
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr`` of a value from a file, cut to ``limit`` characters (never echo a whole bad line)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _check_int(value: Any, where: str) -> int:
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TpusimError(f"{where} must be a whole number, not {_short(value)}")
+    return value
+
+
+def _check_float(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TpusimError(f"{where} must be a finite number, not {_short(value)}")
+    return value
+
+
+def _check_str(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise TpusimError(f"{where} must be text, not {_short(value)}")
+    return value
+
+
+def _check_bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise TpusimError(f"{where} must be true or false, not {_short(value)}")
+    return value
+
+
+def _check_list(value: Any, where: str) -> list:
+    if not isinstance(value, list | tuple):
+        raise TpusimError(f"{where} must be a list, not {_short(value)}")
+    return value
+
+
+def _check_ints(value: Any, where: str) -> tuple[int, ...]:
+    return tuple(_check_int(v, f"{where}[{i}]") for i, v in enumerate(_check_list(value, where)))
+
+
+def _check_matmul(value: Any, where: str) -> tuple[int, int, int, int] | None:
+    if value is None:
+        return None
+    dims = _check_ints(value, where)
+    if len(dims) != 4:
+        raise TpusimError(f"{where} must be [batch, m, k, n], not {_short(value)}")
+    return dims  # type: ignore[return-value]
+
+
+def _check_tensors(value: Any, where: str) -> tuple[TensorMeta, ...]:
+    return tuple(_tensor_meta(t, f"{where}[{i}]") for i, t in enumerate(_check_list(value, where)))
+
+
+# a record field's annotation (as written in the dataclass) -> the check that reads its JSON value
+_CHECKS = {"int": _check_int, "float": _check_float, "str": _check_str, "bool": _check_bool,
+           "tuple[int, ...]": _check_ints, "tuple[int, int, int, int] | None": _check_matmul,
+           "tuple[TensorMeta, ...]": _check_tensors}
+_FIELDS: dict[type, dict[str, tuple[bool, Any]]] = {}
+_FAMILY_NAMES = tuple(str(f) for f in Family)
+
+
+def _record_fields(cls: type) -> dict[str, tuple[bool, Any]]:
+    """name -> (required, check) for a record class, built once per class from its annotations."""
+    if cls not in _FIELDS:
+        _FIELDS[cls] = {f.name: (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+                                 _CHECKS[f.type if isinstance(f.type, str) else f.type.__name__])
+                        for f in dataclasses.fields(cls)}
+    return _FIELDS[cls]
+
+
+def _tensor_meta(data: Any, where: str) -> TensorMeta:
+    if not isinstance(data, dict):
+        raise TpusimError(f"{where}: a tensor must be an object with id, shape, dtype, nbytes, storage, "
+                          f"not {_short(data)}")
     try:
-        return TensorMeta(id=data["id"], shape=tuple(data["shape"]), dtype=data["dtype"],
-                          nbytes=data["nbytes"], storage=data["storage"])
+        return TensorMeta(id=_check_int(data["id"], f"{where}.id"), shape=_check_ints(data["shape"], f"{where}.shape"),
+                          dtype=_check_str(data["dtype"], f"{where}.dtype"),
+                          nbytes=_check_int(data["nbytes"], f"{where}.nbytes"),
+                          storage=_check_int(data["storage"], f"{where}.storage"))
     except KeyError as missing:
         raise TpusimError(f"{where}: tensor is missing field {missing}; "
                           f"accepted: id, shape, dtype, nbytes, storage") from None
 
 
 def write_trace(trace: Trace, path: str | Path) -> None:
-    """Write JSON lines: header, then records; atomic (temp file + rename)."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    """Write JSON lines: header (with the record count, so a cut file is detected), then records; atomic
+    (a unique temporary name, then one rename: tpusim/output.py)."""
+    from tpusim.output import atomic_open
+
     header = {"schema": SCHEMA, "version": SCHEMA_VERSION, "world_size": trace.world_size,
-              "rank": trace.rank, "meta": trace.meta.to_dict()}
-    with tmp.open("w") as out:
+              "rank": trace.rank, "records": len(trace.records), "meta": trace.meta.to_dict()}
+    with atomic_open(path) as out:
         out.write(json.dumps(header, sort_keys=True) + "\n")
         for record in trace.records:
             out.write(json.dumps(record_to_dict(record), sort_keys=True) + "\n")
-    tmp.replace(path)
 
 
 def read_trace(path: str | Path) -> Trace:
-    lines = Path(path).read_text().splitlines()
-    if not lines:
+    """Read a program.jsonl; anything that is not a whole trace of a version this tpusim reads (not text,
+    not JSON, another schema or version, a record of the wrong shape, a file cut short) is one TpusimError
+    naming the file, the line and what is expected."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return _read_lines(str(path), handle)
+    except UnicodeDecodeError:
+        raise TpusimError(f"{path}: not a tpusim trace (not UTF-8 text)") from None
+    except IsADirectoryError:
+        raise TpusimError(f"{path}: is a folder, not a trace file") from None
+    except OSError as error:
+        raise TpusimError(f"{path}: cannot read: {error.strerror or error}") from None
+
+
+READ_VERSIONS = (SCHEMA_VERSION,)   # trace versions this tpusim reads
+
+
+def _read_lines(path: str, lines: Iterable[str]) -> Trace:
+    lines = iter(lines)
+    first = next(lines, "")
+    if not first.strip():
         raise TpusimError(f"{path}: empty trace file")
-    header = json.loads(lines[0])
-    if header.get("schema") != SCHEMA:
-        raise TpusimError(f"{path}: not a tpusim trace (first line must have schema={SCHEMA!r})")
-    if header.get("version") != SCHEMA_VERSION:
-        raise TpusimError(f"{path}: trace schema version {header.get('version')!r} is not supported; "
-                          f"this tpusim reads version {SCHEMA_VERSION}")
-    records = tuple(record_from_dict(json.loads(line), f"{path}:{n}")
-                    for n, line in enumerate(lines[1:], start=2) if line.strip())
-    return Trace(records=records, world_size=header.get("world_size", 1), rank=header.get("rank", 0),
+    try:
+        header = json.loads(first)
+    except (ValueError, RecursionError):
+        header = None
+    if not isinstance(header, dict) or header.get("schema") != SCHEMA:
+        raise TpusimError(f"{path}: not a tpusim trace (first line must be a JSON object with schema={SCHEMA!r})")
+    version = header.get("version")
+    if version not in READ_VERSIONS or isinstance(version, bool):
+        older = isinstance(version, int) and not isinstance(version, bool) and version < min(READ_VERSIONS)
+        raise TpusimError(f"{path}: trace schema version {_short(version)} is not supported; this tpusim reads "
+                          f"version {', '.join(map(str, READ_VERSIONS))}"
+                          + (" (the file is older: record it again with `tpusim run`)" if older else
+                             " (the file is newer: update tpusim)" if isinstance(version, int) else ""))
+    world_size = _check_int(header.get("world_size", 1), f"{path}: header world_size")
+    rank = _check_int(header.get("rank", 0), f"{path}: header rank")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise TpusimError(f"{path}: header world_size {world_size} / rank {rank}: expected world_size >= 1 "
+                          f"and 0 <= rank < world_size")
+    expected = header.get("records")
+    if expected is not None:
+        expected = _check_int(expected, f"{path}: header records")
+    records = []
+    n = 1
+    for n, line in enumerate(lines, start=2):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except (ValueError, RecursionError) as error:     # ValueError: bad JSON, or an int of 4300+ digits
+            if not line.endswith("\n"):
+                raise TpusimError(f"{path}:{n}: the file ends in the middle of a record (truncated: was the run "
+                                  f"stopped while writing it?)") from None
+            why = error.msg if isinstance(error, json.JSONDecodeError) else "nested too deeply or a number too long"
+            raise TpusimError(f"{path}:{n}: not a JSON record ({why})") from None
+        records.append(record_from_dict(data, f"{path}:{n}"))
+    if expected is not None and len(records) != expected:
+        raise TpusimError(f"{path}: the header says {expected} records but the file holds {len(records)} "
+                          f"(truncated: was the run stopped while writing it?)")
+    return Trace(records=tuple(records), world_size=world_size, rank=rank,
                  meta=TraceMeta.from_dict(header.get("meta", {}), f"{path}: meta"))
 
 
@@ -326,6 +450,16 @@ class CompileFacts:
     eager_graphs: tuple[EagerGraph, ...] = ()
 
 
+@dataclass(frozen=True)
+class MatmulPrecision:
+    """The precision of f32 matmuls while recording (TorchTPU's ``torch.tpu.precision`` / ``Precision``, and
+    ``allow_excess_precision``): how many bf16 passes of the MXU one f32 matmul takes."""
+
+    precision: str               # "default", "high" or "highest" (StableHLO dot_general precision)
+    bf16_passes: int             # 1 (default: operands rounded to bf16), 3 (high: bf16_3x), 6 (highest: bf16_6x)
+    allow_excess_precision: bool = False   # XLA may keep bf16 intermediates in f32 (XLA_FLAGS / the property)
+
+
 RANKS = ("one", "all")
 
 
@@ -347,6 +481,7 @@ class TraceMeta:
     ranks_recorded: tuple[int, ...] | None = None   # --ranks all: the ranks whose traces were merged
     ranks_one: RanksOne | None = None       # --ranks one: the numerics rule, once a collective used it
     placement: str | None = None            # --placement the collective groups were remapped by: "tp=x,fsdp=yz"
+    matmul_precision: MatmulPrecision | None = None   # f32 matmul precision (torch.tpu.precision); the highest used
 
     def __post_init__(self) -> None:
         if self.ranks is not None and self.ranks not in RANKS:

@@ -33,6 +33,25 @@ on the same representative channels; collectives on disjoint axes do not.
 simulated alone (same request, algorithm and chunk size) is not simulated again: it ends after
 the remembered time, unless another flow starts before that, which turns it back into a full
 simulation from its start. ``simulated`` says which happened.
+
+**Faults** (``Slice.faults``: failed links and chips, ``tpusim.faults``). Failures break the
+symmetry the representative line relies on, so on a faulted slice:
+
+- every route and every line edge goes around the failures (``Slice.route``: the dimension-order
+  route where it meets no failure, else a shortest detour), and a group containing a failed chip
+  cannot run its collective (a ``FaultError`` naming the collective and the chip);
+- a plan is built on *every* line its stages stand for, and ``plan.merge_translates`` folds back
+  into one representative only the streams that share no channel with any other stream of their
+  phase (exact: such a stream's time depends on its shape alone). So the lines a fault touches,
+  and every line whose channels a detour borrows, are simulated in full; the rest as before;
+- with ``spmd`` the other groups of the mesh dim (the group shifted along the axes it does not
+  span, and by whole blocks along a segment's axis: ``spmd_translates``) are played beside it,
+  since one of them may be the one a fault slows; the collective ends when the slowest has;
+- there is no hand-written closed form: ``closed_form_s`` is ``plan.estimate`` of the rerouted
+  plan, and the chooser compares those;
+- the request (and so every cache key and the fast-forward memo) holds the faulted slice, so a
+  healthy result is never reused for a faulted network. ``simulate_collective`` also prices the
+  same collective on ``slice.healthy`` and reports the slowdown (``healthy_s``).
 """
 
 from __future__ import annotations
@@ -45,13 +64,21 @@ from functools import lru_cache
 import simpy
 
 from tpusim.collectives import dcn, direct, fastforward, rings, torus
-from tpusim.collectives.groups import KINDS, Request, interleaved_offsets, resolve, translate
+from tpusim.collectives.groups import (
+    KINDS,
+    Request,
+    check_members,
+    interleaved_offsets,
+    resolve,
+    spmd_translates,
+    translate,
+)
 from tpusim.collectives.groups import group_axes as _group_axes
 from tpusim.collectives.groups import group_shape as _group_shape
-from tpusim.collectives.plan import Cost, Phase, Plan, PlanRun, Tuning, estimate, tune
+from tpusim.collectives.plan import Cost, Phase, Plan, PlanRun, Tuning, estimate, merge_translates, tune
 from tpusim.errors import TpusimError
 from tpusim.network import DCN_AXIS, DEFAULT_CHUNK_BYTES, Network
-from tpusim.topology import Slice
+from tpusim.topology import FaultError, Slice
 
 __all__ = ["ALGORITHMS", "KINDS", "Algorithm", "CollectiveResult", "choose_algorithm", "closed_form_time",
            "collective_process", "group_axes", "group_shape", "simulate_collective"]
@@ -102,6 +129,8 @@ class CollectiveResult:
     link_bytes: float               # bytes x hops over all links, every translate included
     simulated: str = ""             # what the DES ran (representative lines, batching, chunk size)
     chunk_bytes: float = DEFAULT_CHUNK_BYTES
+    faults: str = ""                # what failed, on a faulted slice (``tpusim.faults.describe``)
+    healthy_s: float | None = None  # the same collective alone on the healthy slice (simulate_collective)
 
     @property
     def contention_s(self) -> float:
@@ -129,7 +158,17 @@ class CollectiveResult:
                "max_link_utilisation": self.max_link_utilisation, "link_bytes": self.link_bytes,
                "algbw_bytes_per_s": self.algbw_bytes_per_s, "busbw_bytes_per_s": self.busbw_bytes_per_s,
                "simulated": self.simulated, "chunk_bytes": self.chunk_bytes}
+        if self.faults:
+            out["faults"] = self.faults
+        if self.healthy_s is not None:
+            out["healthy_time_s"] = self.healthy_s
+            out["slowdown"] = self.slowdown
         return out
+
+    @property
+    def slowdown(self) -> float | None:
+        """DES time on the faulted slice over the healthy slice's (None when not compared)."""
+        return self.time_s / self.healthy_s if self.healthy_s else None
 
 
 # ---- plans and prices (cached: the engine prices the same collective every step) ---------------
@@ -146,6 +185,8 @@ def build_plan(req: Request, name: str) -> Plan:
     """The DES plan of ``name`` for ``req`` (no start-up overhead), with the streams of SPMD
     translates that share its channels (``req.spmd``, strided segments) played beside it."""
     alg = _algorithm(name)
+    if req.slice.faults:
+        return _faulted_plan(req, alg, _routed(alg, req))
     plan = alg.plan(req)
     if not req.spmd:
         return plan
@@ -165,10 +206,37 @@ def build_plan(req: Request, name: str) -> Plan:
     return Plan(tuple(Phase(tuple(p)) for p in phases), note, plan.overhead_s)
 
 
+def _routed(alg: Algorithm, req: Request) -> Plan:
+    """``alg.plan(req)`` on a faulted slice, a route the failures cut named with its collective."""
+    try:
+        return alg.plan(req)
+    except FaultError as error:
+        raise FaultError(f"{req.kind} over {req.group_size} ranks cannot complete: {error}") from None
+
+
+def _faulted_plan(req: Request, alg: Algorithm, plan: Plan) -> Plan:
+    """On a faulted slice: the plan built line by line (with the SPMD translates' streams beside it
+    when ``req.spmd``), folded by ``merge_translates`` (module docstring, "Faults")."""
+    phases = [list(p.streams) for p in plan.phases]
+    others = spmd_translates(req) if req.spmd else []
+    for other in others:
+        for i, p in enumerate(_routed(alg, check_members(other, req)).phases[:len(phases)]):
+            phases[i].extend(dataclasses.replace(s, own=False) for s in p.streams)
+    built = sum(len(p) for p in phases)
+    merged = merge_translates(Plan(tuple(Phase(tuple(p)) for p in phases), plan.note, plan.overhead_s), req.slice)
+    kept = sum(len(p.streams) for p in merged.phases)
+    note = (f"faulted slice: {kept} of {built} streams simulated (in full where a fault or a detour "
+            f"touches them, once per shape elsewhere)")
+    if others:
+        note += f", with the {len(others)} other group(s) of its mesh dim"
+    return Plan(merged.phases, (f"{plan.note}; " if plan.note else "") + note, plan.overhead_s)
+
+
 @lru_cache(maxsize=1024)
 def algorithm_cost(req: Request, name: str) -> Cost:
-    """Closed form of ``name`` for ``req`` without the start-up overhead."""
-    cost = _algorithm(name).cost(req)
+    """Closed form of ``name`` for ``req`` without the start-up overhead (on a faulted slice: the
+    rerouted plan's ``estimate``)."""
+    cost = None if req.slice.faults else _algorithm(name).cost(req)
     if cost is None:
         chip = req.slice.chip
         ici, dcn_bw = chip.ici_link_bytes_per_s, chip.dcn_bytes_per_s
@@ -332,16 +400,35 @@ def collective_process(env: simpy.Environment, network: Network, kind: str, nbyt
     shape = f"group {req.describe_shape()}" if req.partial else ""
     notes = [x for x in (shape, plan.note, *tuning.notes, how) if x]
     return CollectiveResult(kind, req.nbytes, req.group_size, labels, name, reason, elapsed, closed,
-                            min(util, 1.0), plan.link_bytes(), "; ".join(notes), tuning.chunk_bytes)
+                            min(util, 1.0), plan.link_bytes(), "; ".join(notes), tuning.chunk_bytes,
+                            _describe_faults(network.slice))
+
+
+def _describe_faults(slice_: Slice) -> str:
+    if not slice_.faults:
+        return ""
+    from tpusim.faults import describe
+
+    return describe(slice_)
 
 
 def simulate_collective(slice: Slice, kind: str, nbytes: float, *, axes=None, group=None,
                         algorithm: str | None = None, chunk_bytes: int | None = None,
                         spmd: bool = False) -> CollectiveResult:
-    """One collective alone on an idle network (with its SPMD translates if ``spmd``)."""
+    """One collective alone on an idle network (with its SPMD translates if ``spmd``); on a faulted
+    slice also alone on the healthy one, for ``healthy_s`` and the slowdown."""
     env = simpy.Environment()
     net = Network(env, slice, chunk_bytes or DEFAULT_CHUNK_BYTES)
     proc = env.process(collective_process(env, net, kind, nbytes, axes=axes, group=group,
                                           algorithm=algorithm, spmd=spmd))
     env.run()
-    return proc.value
+    result = proc.value
+    if not slice.faults or result.group_size < 2:
+        return result
+    healthy = simulate_collective(slice.healthy, kind, nbytes, axes=axes, group=group, algorithm=algorithm,
+                                  chunk_bytes=chunk_bytes, spmd=spmd)
+    ratio = result.time_s / healthy.time_s if healthy.time_s > 0 else 1.0
+    verdict = (f"{result.faults}; healthy slice: {_fmt_s(healthy.time_s)} by {healthy.algorithm}, so "
+               f"{ratio:.2f}x the time")
+    return dataclasses.replace(result, healthy_s=healthy.time_s,
+                               simulated="; ".join(x for x in (result.simulated, verdict) if x))

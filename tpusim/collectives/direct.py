@@ -13,7 +13,7 @@ from __future__ import annotations
 from tpusim.collectives import closed_form as cf
 from tpusim.collectives import patterns
 from tpusim.collectives.common import axis_params, phase
-from tpusim.collectives.groups import Node, Request, group_snake, line_of, lines_per_axis, node_path, ring_line
+from tpusim.collectives.groups import Node, Request, group_snake, lines_for, lines_per_axis, node_path, ring_line
 from tpusim.collectives.plan import Cost, Plan
 
 DIRECT_MAX_RANKS = 64
@@ -40,8 +40,10 @@ def plan(req: Request) -> Plan:
                         "shift by one along the group's order")
         a = req.axes[0]
         copies = lines_per_axis(req, a)
-        return Plan((phase(patterns.shift(line_of(req, a, copies), req.nbytes)),),
-                    f"shift by one along {req.axis_label(a)}; 1 representative line (of {copies})")
+        lines = lines_for(req, a, req.axes[1:])
+        return Plan((phase([s for line in lines for s in patterns.shift(line, req.nbytes)]),),
+                    f"shift by one along {req.axis_label(a)}; "
+                    + (f"all {copies} lines" if req.slice.faults else f"1 representative line (of {copies})"))
     nodes = _members(req)
     n = len(nodes)
     root = req.root
@@ -63,12 +65,10 @@ def plan(req: Request) -> Plan:
 
 
 def cost(req: Request) -> Cost | None:
-    if req.kind == "permute":
-        if req.ranks is not None or req.slice.twisted:
-            return None
-        return cf.shift(axis_params(req, req.axes[0]), req.nbytes)
-    if req.ranks is not None or req.slice.twisted:
+    if req.ranks is not None or req.slice.twisted or req.slice.faults:
         return None
+    if req.kind == "permute":
+        return cf.shift(axis_params(req, req.axes[0]), req.nbytes)
     axes = sorted(req.axes)  # dimension-order routing goes x, then y, then z
     params = [axis_params(req, a) for a in axes]
     roots = [req.position(a) for a in axes]

@@ -33,19 +33,32 @@ disjoint channels and change nothing. The translates of a *strided* segment are 
 with it (stride 2: the groups of even and odd chips of x): they cross the same channels, so
 with ``spmd`` the DES plays them beside the group (``interleaved_offsets``; streams with
 ``own=False``) and the closed forms count how many share each link (``closed_form.step``).
+
+**Faults** (``Slice.faults``) break the symmetry: the lines through a failed link or chip are no
+longer translates of the others, and their detours borrow other lines' channels. On a faulted
+slice every path is rerouted (``reroute``: each edge of a line, each route between ranks, around
+the failures as ``Slice.route`` does), and ``lines_for`` builds *every* line a stage stands for,
+not one representative; with ``spmd`` the other groups of its mesh dim are played beside it
+(``spmd_translates``). ``plan.merge_translates`` then folds back into one representative each
+the lines (or sets of lines sharing channels, such as a strided group and its interleaved
+translate) that share no channel with the rest of their phase, so what stays simulated in full
+is exactly the lines a fault touches and the lines whose channels a detour borrows. A group that
+contains a failed chip cannot run its collective (``check_members``: a ``FaultError`` naming
+the chip).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 from tpusim.errors import TpusimError
-from tpusim.network import ChannelKey, dcn_path, ici_path
-from tpusim.topology import Coord, Slice
+from tpusim.network import DCN_AXIS, ChannelKey, dcn_path, ici_path
+from tpusim.topology import Coord, FaultError, Slice, format_coord
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "reduce", "permute")
 DCN_NAME = "dcn"
@@ -94,7 +107,8 @@ class Request:
     ranks: tuple[Node, ...] | None      # irregular group, in ring order; None when ``axes`` describe it
     group_size: int
     segments: tuple[Segment, ...] = ()  # one per ICI axis in ``axes`` when some is not whole; () else
-    spmd: bool = False                  # interleaved translates run too (only set for strided segments)
+    spmd: bool = False                  # its SPMD translates run too (set for strided segments, and for
+                                        # every product group on a faulted slice)
 
     @property
     def dcn_axis(self) -> int:
@@ -319,16 +333,84 @@ def resolve(slice_: Slice, kind: str, nbytes: float, axes=None, group=None, spmd
         if shape is None:
             return Request(slice_, kind, size, (), root, tuple(node_of(slice_, r) for r in ranks), len(ranks))
         spanned, segs = shape
-        strided = spmd and any(g.stride > 1 for g in segs)
-        return Request(slice_, kind, size, spanned, root, None, len(ranks), segs, strided)
+        # translates matter when they share its links (strided) or may be slowed by a fault
+        shared = spmd and (any(g.stride > 1 for g in segs) or bool(slice_.faults))
+        return check_members(Request(slice_, kind, size, spanned, root, None, len(ranks), segs, shared))
     if axes is None:
         picked = tuple(range(slice_.ndims + (1 if slice_.num_slices > 1 else 0)))
     else:
         picked = parse_axes(slice_, axes)
     sizes = list(slice_.dims) + [slice_.num_slices]
     picked = tuple(a for a in picked if sizes[a] > 1)
-    return Request(slice_, kind, size, picked, (0, (0,) * slice_.ndims), None,
-                   math.prod(sizes[a] for a in picked))
+    return check_members(Request(slice_, kind, size, picked, (0, (0,) * slice_.ndims), None,
+                                 math.prod(sizes[a] for a in picked)))
+
+
+def members(req: Request) -> list[Node]:
+    """Every node of the group (the product of its lines through the root, or its rank list)."""
+    if req.ranks is not None:
+        return list(req.ranks)
+    return translate_roots(req, req.axes)
+
+
+def check_members(req: Request, translate_of: Request | None = None) -> Request:
+    """``req`` unless its group contains a failed chip (faults are in slice 0): then a FaultError.
+    ``translate_of``: ``req`` is another group of that request's mesh dim (``spmd_translates``)."""
+    chips = req.slice.faults.chips
+    if not chips or req.group_size < 2:
+        return req
+    for s, c in members(req):
+        if s == 0 and c in chips:
+            rank = rank_of(req.slice, (s, c))
+            whose = "its group includes"
+            if translate_of is not None:
+                whose = (f"in this SPMD program the group of its mesh dim through rank {rank} runs it too, "
+                         f"and that group includes")
+            raise FaultError(f"{req.kind} over {req.group_size} ranks cannot complete: {whose} failed chip "
+                             f"{format_coord(c)} (rank {rank}; --fail-chips); every rank of a collective must "
+                             f"take part")
+    return req
+
+
+def spmd_translates(req: Request) -> list[Request]:
+    """The other groups of the group's mesh dim inside its slice, as requests: the group shifted to
+    every position along each ICI axis it does not span, and along an axis it covers with a segment
+    by each shift whose chips are disjoint from the group's and the shifts' before it (blocks, and
+    the interleaved residues of a strided segment). [] for irregular groups."""
+    if req.ranks is not None:
+        return []
+    per_axis: list[tuple[int, list[int]]] = []
+    for axis, n in enumerate(req.slice.dims):
+        if n == 1:
+            continue
+        if axis not in req.axes:
+            per_axis.append((axis, list(range(1, n))))
+            continue
+        seg = req.segment(axis)
+        if seg.full(n):
+            continue
+        wrap = bool(req.slice.wrap[axis])
+        covered = {seg.coord(i, n) for i in range(seg.size)}
+        deltas = []
+        for delta in range(1, n):
+            start = (seg.start + delta) % n
+            if not wrap and start + (seg.size - 1) * seg.stride >= n:
+                continue
+            chips = {(start + i * seg.stride) % n for i in range(seg.size)}
+            if chips.isdisjoint(covered):
+                deltas.append(delta)
+                covered |= chips
+        per_axis.append((axis, deltas))
+    out = []
+    for combo in itertools.product(*[[0, *deltas] for _axis, deltas in per_axis]):
+        if not any(combo):
+            continue
+        other = req
+        for (axis, _deltas), delta in zip(per_axis, combo, strict=True):
+            if delta:
+                other = translate(other, axis, delta)
+        out.append(other)
+    return out
 
 
 # ---- lines and rings -------------------------------------------------------------------------
@@ -379,7 +461,7 @@ def node_path(slice_: Slice, a: Node, b: Node) -> Path:
         return dcn_path(a[0], a[1], b[0], b[1])
     hop = _one_hop(slice_, a[1], b[1])
     if hop is not None:
-        return ((a[0], a[1], hop[0], hop[1]),)
+        return reroute(slice_, ((a[0], a[1], hop[0], hop[1]),))
     return ici_path(slice_, a[1], b[1], a[0])
 
 
@@ -416,6 +498,8 @@ def axis_line(slice_: Slice, axis: int, through: Node, copies: int = 1) -> Line:
     for i in range(n):
         fwd.append(_hop(slice_, nodes, i, (i + 1) % n, axis, 1, cyclic or i + 1 < n))
         bwd.append(_hop(slice_, nodes, i, (i - 1) % n, axis, -1, cyclic or i > 0))
+    if slice_.faults:
+        fwd, bwd = [reroute(slice_, p) for p in fwd], [reroute(slice_, p) for p in bwd]
     regular = all(len(p) == 1 for p in fwd + bwd if p) and not slice_.twisted
     return Line(nodes, cyclic, tuple(fwd), tuple(bwd), regular, copies, slice_)
 
@@ -433,6 +517,9 @@ def segment_line(slice_: Slice, seg: Segment, through: Node, copies: int = 1) ->
                 for i in range(m))
     bwd = tuple(_axis_walk(nodes[i], axis, -1, seg.stride, n) if seg.cyclic or i > 0 else ()
                 for i in range(m))
+    if slice_.faults:
+        fwd, bwd = tuple(reroute(slice_, p) for p in fwd), tuple(reroute(slice_, p) for p in bwd)
+        return Line(nodes, seg.cyclic, fwd, bwd, False, copies, slice_)
     return Line(nodes, seg.cyclic, fwd, bwd, seg.stride == 1, copies, slice_)
 
 
@@ -447,14 +534,51 @@ def _axis_walk(node: Node, axis: int, direction: int, hops: int, n: int) -> Path
     return tuple(out)
 
 
-def line_of(req: Request, axis: int, copies: int = 1) -> Line:
-    """The group's line along ``axis`` through its root: the whole axis, or its segment."""
+def line_of(req: Request, axis: int, copies: int = 1, through: Node | None = None) -> Line:
+    """The group's line along ``axis`` through its root (or ``through``): the whole axis, or its segment."""
+    node = req.root if through is None else through
     if axis == req.dcn_axis or not req.segments:
-        return axis_line(req.slice, axis, req.root, copies)
+        return axis_line(req.slice, axis, node, copies)
     seg = req.segment(axis)
     if seg.full(req.slice.dims[axis]):
-        return axis_line(req.slice, axis, req.root, copies)
-    return segment_line(req.slice, seg, req.root, copies)
+        return axis_line(req.slice, axis, node, copies)
+    return segment_line(req.slice, seg, node, copies)
+
+
+def translate_roots(req: Request, over: Sequence[int]) -> list[Node]:
+    """The root moved to every position of the group along the axes ``over`` (DCN included), root
+    first: where the lines that a stage's ``copies`` stand for pass."""
+    nodes = [req.root]
+    for axis in over:
+        if axis == req.dcn_axis:
+            nodes = [(k, c) for _s, c in nodes for k in range(req.slice.num_slices)]
+            continue
+        seg = req.segment(axis)
+        n = req.slice.dims[axis]
+        nodes = [(s, c[:axis] + (seg.coord(i, n),) + c[axis + 1:]) for s, c in nodes for i in range(seg.size)]
+    nodes.remove(req.root)
+    return [req.root, *nodes]
+
+
+def lines_for(req: Request, axis: int, over: Sequence[int]) -> list[Line]:
+    """The lines along ``axis`` through every position of the group along ``over``: one
+    representative standing for all of them on a healthy slice, each one on a faulted slice
+    (module docstring)."""
+    if not req.slice.faults:
+        return [line_of(req, axis, math.prod(req.size(a) for a in over))]
+    return [line_of(req, axis, 1, node) for node in translate_roots(req, over)]
+
+
+def reroute(slice_: Slice, path: Path) -> Path:
+    """One route or one edge of a line (ICI channels of one slice) around the failures, as
+    ``Slice.route`` does; unchanged on a healthy slice, over DCN, and in slices other than 0."""
+    if not path or not slice_.faults or path[0][0] != 0 or path[0][2] == DCN_AXIS:
+        return path
+    hops = [(c, slice_._step(c, axis, d), axis, d) for _s, c, axis, d in path]
+    new = slice_.detour(hops)
+    if new is hops:
+        return path
+    return tuple((0, u, axis, d) for u, _v, axis, d in new)
 
 
 def _hop(slice_: Slice, nodes, i: int, j: int, axis: int, direction: int, exists: bool) -> Path:

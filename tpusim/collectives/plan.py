@@ -14,15 +14,22 @@ hand-written closed form exists: irregular groups, rings snaking over several ax
   SPMD program): simulated, but not counted in this collective's bytes.
 - ``Phase``: streams that run concurrently; the next phase starts when all have finished (a
   barrier: RS on x, then RS on y ...).
+
+``merge_translates`` folds translates back together: streams that share channels form a
+component; components of the same shape (the same steps over the same channels relative to
+where they start) that share no channel with the rest of their phase are played once, with
+their copies added: exact, since such a component's time depends on its shape alone. A
+faulted slice's plans are built line by line and folded this way (groups.py, "Faults").
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tpusim.network import ChannelKey, Network
+from tpusim.topology import Slice
 
 SEND_BUDGET = 40_000        # transfers one DES run plays; more and ring steps are batched
 CHUNK_HOP_BUDGET = 400_000  # chunk-hops one DES run plays; more and the chunk size is raised
@@ -80,6 +87,71 @@ class Plan:
 
     def sends(self) -> int:
         return sum(len(st.transfers) * st.repeat for p in self.phases for s in p.streams for st in s.steps)
+
+
+def merge_translates(plan: Plan, slice_: Slice) -> Plan:
+    """``plan`` with its translates folded (module docstring). Per phase, streams that share a
+    channel are joined into one component; a component whose shape (its streams' steps over
+    channels relative to its first channel) repeats one seen before is folded into it: its own
+    streams add their ``copies`` (bytes on links) to the kept one's, another group's streams
+    (``own=False``) add nothing. Exact: a component shares no channel with the rest of its phase,
+    so its time depends on its shape alone."""
+    phases = []
+    for phase in plan.phases:
+        streams = list(phase.streams)
+        parent = list(range(len(streams)))    # union-find over streams joined by a shared channel
+        owner: dict[ChannelKey, int] = {}
+        for i, stream in enumerate(streams):
+            for k in _channels(stream):
+                j = owner.setdefault(k, i)
+                if j != i:
+                    parent[_root(parent, i)] = _root(parent, j)
+        components: dict[int, list[int]] = {}
+        for i in range(len(streams)):
+            components.setdefault(_root(parent, i), []).append(i)
+        keep = [True] * len(streams)
+        seen: dict[tuple, list[int]] = {}
+        for members in components.values():
+            first = next((k for i in members for k in _channels(streams[i])), None)
+            if first is None:
+                continue
+            shape = tuple(_shape(streams[i], first, slice_) for i in members)
+            kept = seen.setdefault(shape, members)
+            if kept is members:
+                continue
+            for i, j in zip(kept, members, strict=True):
+                a, b = streams[i], streams[j]
+                if b.own:
+                    streams[i] = replace(a, copies=a.copies + b.copies) if a.own else b
+                keep[j] = False
+        phases.append(Phase(tuple(st for st, k in zip(streams, keep, strict=True) if k)))
+    return Plan(tuple(phases), plan.note, plan.overhead_s)
+
+
+def _root(parent: list[int], i: int) -> int:
+    while parent[i] != i:
+        parent[i] = parent[parent[i]]
+        i = parent[i]
+    return i
+
+
+def _channels(stream: Stream):
+    return (k for st in stream.steps for t in st.transfers for k in t.path)
+
+
+def _shape(stream: Stream, first: ChannelKey, slice_: Slice) -> tuple:
+    """The stream relative to channel ``first``: coordinates as offsets (mod the axis length on a
+    wrapped axis), so two translates of one line have the same shape."""
+    s0, c0 = first[0], first[1]
+    dims, wrap = slice_.dims, slice_.wrap
+
+    def rel(key: ChannelKey) -> tuple:
+        s, c, axis, d = key
+        off = tuple((x - x0) % n if w else x - x0 for x, x0, n, w in zip(c, c0, dims, wrap, strict=True))
+        return (s - s0, off, axis, d)
+
+    return (stream.chunk_hint, tuple((st.repeat, tuple((t.nbytes, tuple(map(rel, t.path))) for t in st.transfers))
+                                     for st in stream.steps))
 
 
 @dataclass

@@ -42,7 +42,7 @@ def _plan(req: Request, variant: str) -> Plan:
 
 
 def _cost(req: Request, variant: str) -> Cost | None:
-    if req.ranks is not None or len(req.axes) != 1 or req.slice.twisted:
+    if req.ranks is not None or len(req.axes) != 1 or req.slice.twisted or req.slice.faults:
         return None  # priced from the plan (plan.estimate)
     a = req.axes[0]
     return line_cost(req.kind, axis_params(req, a), req.nbytes, variant, req.position(a))

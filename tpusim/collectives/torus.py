@@ -12,7 +12,9 @@
 
 Both are built from one *schedule* (which axis, which primitive, how many bytes, per phase and
 part); the DES plays it on the line through the group's first rank of each axis, and the closed
-form adds the primitives' formulas over the same schedule.
+form adds the primitives' formulas over the same schedule. On a faulted slice every line of a
+stage is built (``Stage.over`` says through which positions) and the plan is priced by
+``plan.estimate`` (groups.py, "Faults").
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import math
 from dataclasses import dataclass
 
 from tpusim.collectives.common import axis_params, line_cost, line_phases
-from tpusim.collectives.groups import Request, line_of
+from tpusim.collectives.groups import Request, lines_for
 from tpusim.collectives.plan import Cost, Phase, Plan, slowest
 
 VARIANT = "bidi"
@@ -34,6 +36,7 @@ class Stage:
     kind: str         # all_gather, reduce_scatter, all_to_all, broadcast, reduce
     data: float
     copies: int       # lines along ``axis`` working in this stage (translates)
+    over: tuple[int, ...] = ()   # the axes whose positions those lines pass through (copies = their sizes)
 
 
 def supports_hierarchical(req: Request) -> str | None:
@@ -62,19 +65,24 @@ def part_stages(req: Request, order: tuple[int, ...], data: float) -> list[Stage
         shrink.append(shrink[-1] / n)
     reached = [math.prod(sizes[:i]) for i in range(len(order))]
     kind = req.kind
+
+    def others(a: int) -> tuple[int, ...]:
+        return tuple(b for b in order if b != a)
+
     if kind == "reduce_scatter":
-        return [Stage(a, kind, shrink[i], every // sizes[i]) for i, a in enumerate(order)]
+        return [Stage(a, kind, shrink[i], every // sizes[i], others(a)) for i, a in enumerate(order)]
     if kind == "all_gather":
-        return [Stage(a, kind, shrink[i], every // sizes[i]) for i, a in reversed(list(enumerate(order)))]
+        return [Stage(a, kind, shrink[i], every // sizes[i], others(a))
+                for i, a in reversed(list(enumerate(order)))]
     if kind == "all_reduce":
         return (part_stages(_as(req, "reduce_scatter"), order, data)
                 + part_stages(_as(req, "all_gather"), order, data))
     if kind == "all_to_all":
-        return [Stage(a, kind, data, every // sizes[i]) for i, a in enumerate(order)]
+        return [Stage(a, kind, data, every // sizes[i], others(a)) for i, a in enumerate(order)]
     if kind == "broadcast":
-        return [Stage(a, kind, data, reached[i]) for i, a in enumerate(order)]
+        return [Stage(a, kind, data, reached[i], order[:i]) for i, a in enumerate(order)]
     if kind == "reduce":
-        return [Stage(a, kind, data, reached[i]) for i, a in reversed(list(enumerate(order)))]
+        return [Stage(a, kind, data, reached[i], order[:i]) for i, a in reversed(list(enumerate(order)))]
     raise AssertionError(kind)
 
 
@@ -97,17 +105,18 @@ def _plan(req: Request, concurrent: bool) -> Plan:
     for stages in schedule(req, concurrent):
         streams = []
         for st in stages:
-            line = line_of(req, st.axis, st.copies)
-            for ph in line_phases(st.kind, line, st.data, VARIANT, req.position(st.axis)):
-                streams.extend(ph.streams)
+            for line in lines_for(req, st.axis, st.over):
+                for ph in line_phases(st.kind, line, st.data, VARIANT, req.position(st.axis)):
+                    streams.extend(ph.streams)
         phases.append(Phase(tuple(streams)))
     labels = ",".join(req.axis_labels)
-    note = f"1 representative line per axis ({labels}) through the group's first rank"
+    note = (f"every line of each axis ({labels})" if req.slice.faults else
+            f"1 representative line per axis ({labels}) through the group's first rank")
     return Plan(tuple(phases), note)
 
 
 def _cost(req: Request, concurrent: bool) -> Cost | None:
-    if req.slice.twisted:
+    if req.slice.twisted or req.slice.faults:
         return None
     total = Cost()
     for stages in schedule(req, concurrent):

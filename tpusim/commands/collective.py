@@ -29,6 +29,7 @@ examples:
 
 def add_parser(subparsers) -> None:
     from tpusim.collectives import ALGORITHMS, KINDS
+    from tpusim.faults import add_fault_arguments
 
     parser = subparsers.add_parser(
         "collective", help="price one collective (all_reduce, all_gather, ...) on a slice: DES and closed form",
@@ -47,31 +48,38 @@ def add_parser(subparsers) -> None:
                         help=f"force an algorithm: {', '.join(ALGORITHMS)} (default: cheapest closed form)")
     parser.add_argument("--chunk", metavar="SIZE",
                         help="DES chunk size (how finely flows interleave on a link; default 4MiB)")
-    parser.add_argument("--slices", type=int, default=1, metavar="N",
-                        help="identical slices joined over DCN (multislice; default 1)")
+    parser.add_argument("--slices", default="1", metavar="N",
+                        help="identical slices joined over DCN (multislice; 1 to 1024, default 1)")
     wrap = parser.add_mutually_exclusive_group()
     wrap.add_argument("--wrap", metavar="AXES", help="force wraparound on exactly these axes, e.g. --wrap x,y")
     wrap.add_argument("--no-wrap", action="store_true", help="no wraparound on any axis (a mesh)")
     parser.add_argument("--twisted", action="store_true", help="twisted torus (v4/v5p k x k x 2k shapes)")
     parser.add_argument("--json", action="store_true", help="print a machine-readable JSON object")
+    add_fault_arguments(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from tpusim.collectives import KINDS, simulate_collective
+    from tpusim.collectives import ALGORITHMS, KINDS, simulate_collective
     from tpusim.commands.topology import wrap_override
-    from tpusim.topology import build_slice, parse_topology
+    from tpusim.errors import plain_text, shown
+    from tpusim.faults import apply_faults, fault_args
+    from tpusim.topology import build_slice, parse_slices, parse_topology
     from tpusim.units import parse_bytes
 
     if args.kind not in KINDS:
-        raise TpusimError(f"unknown collective {args.kind!r}: accepted {', '.join(KINDS)}")
-    if args.slices < 1:
-        raise TpusimError(f"--slices must be at least 1, got {args.slices}")
+        raise TpusimError(f"unknown collective {shown(args.kind)}: accepted {', '.join(KINDS)}")
+    slices = parse_slices(args.slices)
+    if args.axes is not None:
+        plain_text(args.axes, "--axes", "accepted: axis letters x, y, z (and dcn) separated by commas", max_length=64)
+    if args.algorithm is not None:
+        plain_text(args.algorithm, "--algorithm", f"accepted: {', '.join(ALGORITHMS)}", max_length=64)
     nbytes = parse_bytes(args.size)
     chunk = parse_bytes(args.chunk) if args.chunk else None
     dims = parse_topology(args.topology)
     slice_ = build_slice(args.topology, chip=args.chip, wrap=wrap_override(dims, args.wrap, args.no_wrap),
-                         slices=args.slices, twisted=args.twisted or None)
+                         slices=slices, twisted=args.twisted or None)
+    slice_ = apply_faults(slice_, *fault_args(args))
     result = simulate_collective(slice_, args.kind, nbytes, axes=args.axes, algorithm=args.algorithm,
                                  chunk_bytes=chunk)
     if args.json:

@@ -34,6 +34,8 @@ METRICS = (
 
 
 def add_parser(subparsers) -> None:
+    from tpusim.faults import add_fault_arguments
+
     parser = subparsers.add_parser(
         "compare", help="compare two reports, or re-price one report's program on another slice/chip/mode",
         description=__doc__, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -42,26 +44,24 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--topology", metavar="SPEC", help="re-price A on this slice, e.g. 3d:4x4x8")
     parser.add_argument("--chip", help="re-price A on this chip generation, e.g. v6e")
     parser.add_argument("--mode", help="re-price A in these eager modes (e.g. fused, all)")
+    add_fault_arguments(parser)   # re-price A on its slice (or --topology's) with links or chips removed
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
     parser.set_defaults(run=run)
 
 
 def load_report(path: str) -> tuple[dict[str, Any], Path]:
-    folder = Path(path)
-    file = folder if folder.suffix == ".json" else folder / "report.json"
-    if not file.is_file():
-        raise TpusimError(f"{path}: no report.json there (give a folder written by `tpusim run`)")
-    try:
-        return json.loads(file.read_text()), file.parent
-    except json.JSONDecodeError as error:
-        raise TpusimError(f"{file}: not valid JSON ({error.msg} at line {error.lineno})") from None
+    """A report folder (or its report.json), its schema and version checked (tpusim/report/load.py)."""
+    from tpusim.report.load import load_report as load
+
+    return load(path)
 
 
 def reprice(folder: Path, report: dict[str, Any], topology: str | None, chip: str | None,
-            modes: str | None) -> dict[str, Any]:
+            modes: str | None, faults: tuple = (None, None, None)) -> dict[str, Any]:
     """A's program trace priced again: a new report in memory, labelled by what changed."""
+    from tpusim.faults import apply_faults
     from tpusim.lint import lint
-    from tpusim.modes import resolve_modes
+    from tpusim.modes import DEFAULT_MODE, resolve_modes
     from tpusim.pricing import price
     from tpusim.report import RunInfo, build_report
     from tpusim.topology import build_slice
@@ -73,7 +73,8 @@ def reprice(folder: Path, report: dict[str, Any], topology: str | None, chip: st
     trace = read_trace(program)
     slice_ = build_slice(topology or report["run"]["topology"], chip=chip or (None if topology else
                                                                               report["run"]["chip"]))
-    names = resolve_modes(modes) if modes else list(report["modes"])
+    slice_ = apply_faults(slice_, *faults)
+    names = resolve_modes(modes) if modes else list(report["modes"]) or [DEFAULT_MODE]
     timelines = {mode: price(trace, topology=slice_, mode=mode) for mode in names}
     info = RunInfo(script=report["run"]["script"], argv=tuple(report["run"]["argv"]), topology=slice_.spec,
                    numerics=report["run"]["numerics"], torch_version=report["run"]["torch_version"])
@@ -82,6 +83,26 @@ def reprice(folder: Path, report: dict[str, Any], topology: str | None, chip: st
 
 def label(report: dict[str, Any]) -> str:
     return f"{report['run']['topology']} {report['run']['chip']}"
+
+
+def notes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """What to know before reading the ratios: different programs, incomplete runs."""
+    from tpusim.report.model import incomplete_reason
+
+    found = []
+    script_a, script_b = a["run"]["script"], b["run"]["script"]
+    argv_a, argv_b = a["run"]["argv"], b["run"]["argv"]
+    if script_a != script_b:
+        found.append(f"A and B ran different scripts (A: {script_a}, B: {script_b}): the ratios compare two "
+                     f"programs, not one program on two slices")
+    elif argv_a != argv_b:
+        found.append(f"A and B ran {script_a} with different arguments (A: {' '.join(argv_a) or 'none'}, "
+                     f"B: {' '.join(argv_b) or 'none'})")
+    for name, report in (("A", a), ("B", b)):
+        reason = incomplete_reason(report)
+        if reason:
+            found.append(f"{name} is incomplete ({reason}): its numbers cover only what ran")
+    return found
 
 
 def comparison(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
@@ -99,21 +120,30 @@ def comparison(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tpusim.faults import fault_args
+
     a, folder = load_report(args.a)
+    faults = fault_args(args)
     if args.b:
-        if args.topology or args.chip or args.mode:
+        if args.topology or args.chip or args.mode or any(faults):
             raise TpusimError("give either a second report B or --topology/--chip/--mode to re-price A, not both")
         b, _ = load_report(args.b)
-    elif args.topology or args.chip or args.mode:
-        b = reprice(folder, a, args.topology, args.chip, args.mode)
+    elif args.topology or args.chip or args.mode or any(faults):
+        b = reprice(folder, a, args.topology, args.chip, args.mode, faults)
     else:
         raise TpusimError("nothing to compare: give a second report B, or --topology/--chip/--mode to re-price A")
+    if not a["modes"] or not b["modes"]:
+        raise TpusimError(f"nothing to compare: {'A' if not a['modes'] else 'B'} priced no eager mode "
+                          f"(its run was interrupted before pricing); re-price it with --mode")
     rows = comparison(a, b)
+    found = notes(a, b)
     if args.json:
-        print(json.dumps({"a": label(a), "b": label(b), "rows": [{k: r[k] for k in ("mode", "metric", "a", "b",
-                                                                                    "ratio")} for r in rows]},
+        print(json.dumps({"a": label(a), "b": label(b), "notes": found,
+                          "rows": [{k: r[k] for k in ("mode", "metric", "a", "b", "ratio")} for r in rows]},
                          indent=1))
         return 0
+    for note in found:
+        print(f"note: {note}")
     head_a, head_b = f"A: {label(a)}", f"B: {label(b)}"
     width_a = max(len(head_a), *(len(r["a_text"]) for r in rows))
     width_b = max(len(head_b), *(len(r["b_text"]) for r in rows))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import sys
 import threading
 import time
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tpusim.errors import TpusimError
+from tpusim.errors import TpusimError, plain_text
 from tpusim.measure import INTERRUPTED, JaxDevice
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ What it writes (in --out, default reports/<script>-<topology>-<time>/):
 
 
 def add_parser(subparsers) -> None:
+    from tpusim.faults import add_fault_arguments
     from tpusim.modes import DEFAULT_MODE, MODES
 
     parser = subparsers.add_parser(
@@ -88,6 +90,7 @@ def add_parser(subparsers) -> None:
                              "prediction (priced on JAX's TPU chip unless --chip)")
     parser.add_argument("--pjrt-timeout", type=float, default=3600.0, metavar="S",
                         help="--target pjrt: stop a measured run after S seconds (default 3600; 0: never)")
+    add_fault_arguments(parser)
     parser.set_defaults(run=run, script_args=[])
 
 
@@ -135,11 +138,13 @@ def default_out_dir(script: Path, topology: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tpusim.faults import apply_faults, fault_args
     from tpusim.modes import resolve_modes
+    from tpusim.placement.parse import parse_placement_text
     from tpusim.pricing import single_chip_topology
-    from tpusim.script import check_script, run_script
-    from tpusim.spec import default_chip, load_chip
-    from tpusim.topology import build_slice
+    from tpusim.script import check_script
+    from tpusim.spec import default_chip
+    from tpusim.topology import build_slice, load_chip_arg
 
     script = check_script(args.script)
     modes = resolve_modes(args.mode)
@@ -148,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     chip_arg, chip_from = _chip_choice(args.chip, device)
     if args.topology is None:
         chip = chip_arg or default_chip().name
-        topology = single_chip_topology(load_chip(chip))
+        topology = single_chip_topology(load_chip_arg(chip))
     else:
         topology, chip = args.topology, chip_arg
     try:
@@ -157,14 +162,35 @@ def run(args: argparse.Namespace) -> int:
         if chip_from != "device":
             raise
         raise TpusimError(f"{error} (chip {chip} is JAX's {device.device_kind}; --chip prices another)") from None
-    out_dir = Path(args.out) if args.out else default_out_dir(script, slice_.spec)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise TpusimError(f"--out {out_dir} exists and is not a folder")
+    slice_ = apply_faults(slice_, *fault_args(args))   # a bad --fail-links/--fail-chips fails here too
+    if args.placement is not None:                 # its syntax and axes now; its dims once the mesh is recorded
+        parse_placement_text(args.placement, slice_)
+    claim = _claim_out_dir(args.out, script, slice_.spec)  # a folder we can write, and no other run writing it
+    try:
+        return _record_and_report(args, script, modes, slice_, device, chip_from, claim.folder, progress)
+    finally:
+        claim.release()
 
+
+def _claim_out_dir(out: str | None, script: Path, spec: str):
+    """--out checked (a folder, creatable, writable) and claimed for this run before the script runs; without
+    --out a fresh folder under reports/."""
+    from tpusim.output import claim_folder, claim_new_folder, prepare_folder
+
+    if out is None:
+        return claim_new_folder(default_out_dir(script, spec))
+    plain_text(out, "--out", "give a folder for the report, e.g. reports/my-run", max_length=4096, ascii_only=False)
+    return claim_folder(prepare_folder(out))
+
+
+def _record_and_report(args: argparse.Namespace, script: Path, modes: list[str], slice_, device: JaxDevice | None,
+                       chip_from: str, out_dir: Path, progress: Progress) -> int:
+    """Run the script once, recording; then price, report, and return the exit status."""
     progress.say(f"running {script.name} on {slice_.spec} ({slice_.chip.display_name}, "
                  f"{slice_.total_chips} chips), numerics {args.numerics}")
     backend = _import_backend()
     settings: dict[str, object] = {"chip": slice_.chip, "numerics": args.numerics == "on"}
+    settings["topology"] = slice_.dims      # torch.tpu.topology_aware_mesh & co. see the --topology slice
     if device is not None:                   # record on the simulator; JAX's device stays free for the real runs
         settings["target"] = "sim"
     if len(modes) == 1:                      # the script runs in the one mode priced (tpusim/eager.py)
@@ -174,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from tpusim.backend.distributed import runner
+    from tpusim.script import run_script
     ranks = runner.resolve_ranks(args.ranks, slice_.total_chips, script)
     started = time.perf_counter()
     if ranks == "all":
@@ -190,19 +217,27 @@ def run(args: argparse.Namespace) -> int:
             finally:
                 progress.stop()
         trace = runner.ranks_one_meta(dataclasses.replace(recorder.trace, world_size=slice_.total_chips))
-    from tpusim.placement import apply_placement
-    trace = apply_placement(trace, slice_, args.placement)
-    if outcome.error:
-        print(outcome.error, file=sys.stderr, end="")
-    progress.say(f"recorded {len(trace.records)} records in {time.perf_counter() - started:.1f} s; "
-                 f"pricing {', '.join(modes)}")
-    measure = None
-    if device is not None and outcome.exit_code != INTERRUPTED:
-        measure = _measurer(script, args, modes, slice_, device, chip_from, progress)
-    measured = _price_and_report(trace, slice_, modes, script, args, outcome, torch.__version__, out_dir,
-                                 progress, measure)
+    with Interrupts(progress) as interrupts:    # from here on Ctrl-C never loses what was recorded
+        from tpusim.placement import apply_placement
+        placement_error = None
+        try:
+            trace = apply_placement(trace, slice_, args.placement)
+        except TpusimError as error:        # the recorded mesh does not match: report with the default placement
+            placement_error = error
+        if outcome.error:
+            print(outcome.error, file=sys.stderr, end="")
+        progress.say(f"recorded {len(trace.records)} records in {time.perf_counter() - started:.1f} s; "
+                     f"pricing {', '.join(modes)}")
+        measure = None
+        if device is not None and outcome.exit_code != INTERRUPTED:
+            measure = _measurer(script, args, modes, slice_, device, chip_from, progress)
+        measured, stopped = _price_and_report(trace, slice_, modes, script, args, outcome, torch.__version__,
+                                              out_dir, progress, interrupts, measure)
+    if placement_error is not None:
+        print(f"tpusim run: error: {placement_error} (the report uses the default placement)", file=sys.stderr)
     measured_codes = [run.exit_code for run in (measured.runs if measured else ())]
-    return outcome.exit_code or next((code for code in measured_codes if code), 0)
+    return (outcome.exit_code or (INTERRUPTED if stopped else 0) or (2 if placement_error else 0)
+            or next((code for code in measured_codes if code), 0))
 
 
 def _jax_device(args: argparse.Namespace, progress: Progress) -> JaxDevice:
@@ -242,7 +277,7 @@ def _measurer(script: Path, args: argparse.Namespace, modes: list[str], slice_, 
         for mode in modes:
             progress.say(f"measuring {mode}: {script.name} runs for real on JAX's {device.device_kind} "
                          f"({device.platform}) in a fresh process")
-            run = measure_mode(script, list(args.script_args), mode, chip=slice_.chip.name,
+            run = measure_mode(script, list(args.script_args), mode, chip=slice_.chip,
                                world=slice_.total_chips, chips_per_host=slice_.chip.chips_per_host,
                                timeout_s=args.pjrt_timeout or None)
             runs.append(run)
@@ -267,36 +302,118 @@ def _import_backend():
     return backend
 
 
+class Interrupts:
+    """Ctrl-C once the script has ended: pressed while ``stoppable`` work runs (pricing, placements, measuring)
+    it stops that work and the report covers what was done; pressed at any other time (writing the report)
+    it prints one line and no stoppable work starts after it; so any number of presses never loses the
+    report. Python's own handler is back on exit. (While the script runs, Ctrl-C is the script's:
+    tpusim/script.py.)"""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.stopped = False                # Ctrl-C stopped some work
+        self._stoppable = False
+        self._told = False
+        self._previous = None
+
+    def __enter__(self) -> Interrupts:
+        # not outside the main thread (Python delivers signals there only), nor where Ctrl-C is ignored on
+        # purpose (started with SIGINT ignored: nohup, a background job of a script)
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):
+            self._previous = signal.signal(signal.SIGINT, self._pressed)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _pressed(self, signum: int, frame: object) -> None:
+        if self._stoppable:
+            self._stoppable = False
+            self.stopped = True
+            raise KeyboardInterrupt
+        self.stopped = True                 # no stoppable work starts after this press
+        if not self._told:
+            self._told = True
+            print("\ntpusim: Ctrl-C: writing the report of what was done first (Ctrl-C again changes nothing)",
+                  file=sys.stderr, flush=True)
+
+    def stoppable(self, work: Callable[[], None]) -> bool:
+        """Run ``work``; False when Ctrl-C stopped it (then nothing after it is stoppable either)."""
+        if self.stopped:
+            return False
+        self._stoppable = True
+        try:
+            work()
+            return True
+        except KeyboardInterrupt:
+            self.stopped = True
+            return False
+        finally:
+            self._stoppable = False
+
+
 def _price_and_report(trace, slice_, modes, script, args, outcome, torch_version, out_dir, progress,
-                      measure: Callable[[], Measured] | None = None) -> Measured | None:
+                      interrupts: Interrupts, measure: Callable[[], Measured] | None = None
+                      ) -> tuple[Measured | None, bool]:
     """Price every mode, build the report from its typed parts (plus what ``measure`` finds for real), write
-    it, print the summary; returns what was measured."""
+    it, print the summary; returns what was measured and whether Ctrl-C stopped pricing."""
+    from tpusim.faults import slowdown_lines, slowdown_section
     from tpusim.lint import lint
     from tpusim.placement import compare, distributed_info, format_placements
     from tpusim.pricing import price
-    from tpusim.report import RunInfo, build_report, summary_table, write_report
+    from tpusim.report import Interrupted, RunInfo, build_report, summary_table, write_report
     from tpusim.trace import write_trace
 
     timelines = {}
-    for mode in modes:
-        began = time.perf_counter()
-        timelines[mode] = price(trace, topology=slice_, mode=mode)
-        progress.say(f"priced {mode}: {timelines[mode].total_s:.6g} s simulated in "
-                     f"{time.perf_counter() - began:.1f} s")
+
+    def price_modes() -> None:
+        for mode in modes:
+            began = time.perf_counter()
+            timelines[mode] = price(trace, topology=slice_, mode=mode)
+            progress.say(f"priced {mode}: {timelines[mode].total_s:.6g} s simulated in "
+                         f"{time.perf_counter() - began:.1f} s")
+
+    priced = interrupts.stoppable(price_modes)
+    if not priced:
+        progress.say(f"Ctrl-C: pricing stopped; reporting {', '.join(timelines) or 'no mode'}")
+    fastest = min(timelines, key=lambda mode: timelines[mode].total_s) if timelines else None
+    placements = measured = None
+    if args.compare_placements and fastest is not None:
+        def price_placements() -> None:
+            nonlocal placements
+            placements = compare(trace, slice_, lambda t, s: price(t, topology=s, mode=fastest))
+        priced = interrupts.stoppable(price_placements) and priced
+    if measure is not None and priced:
+        def run_measured() -> None:
+            nonlocal measured
+            measured = measure()
+        interrupts.stoppable(run_measured)
+    script_stopped = outcome.error_type == "KeyboardInterrupt"
+    interrupted = (Interrupted(script=script_stopped, pricing=not priced,
+                               not_priced=tuple(m for m in modes if m not in timelines))
+                   if script_stopped or not priced else None)
     info = RunInfo(script=str(args.script), argv=tuple(args.script_args), topology=slice_.spec,
                    numerics=args.numerics, target=args.target, torch_version=torch_version,
-                   error_type=outcome.error_type, error_traceback=outcome.error)
-    fastest = min(timelines, key=lambda mode: timelines[mode].total_s)
-    warnings = lint(trace, slice_.chip, timelines[fastest])
+                   error_type=outcome.error_type, error_traceback=outcome.error, exit_code=outcome.exit_code,
+                   interrupted=interrupted)
+    warnings = lint(trace, slice_.chip, timelines[fastest] if fastest else None)
     distributed = distributed_info(trace, slice_)
-    placements = (compare(trace, slice_, lambda t, s: price(t, topology=s, mode=fastest))
-                  if args.compare_placements else None)
-    measured = measure() if measure is not None else None
+    faults = None
+    if slice_.faults and timelines:          # the slowdown against the healthy slice, per mode priced
+        healthy = {mode: price(trace, topology=slice_.healthy, mode=mode) for mode in timelines}
+        faults = slowdown_section(slice_, timelines, healthy)
     report = build_report(info, trace, slice_, timelines, warnings, distributed=distributed, placements=placements,
-                          measured=measured)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_trace(trace, out_dir / "program.jsonl")
-    write_report(out_dir, report, timelines)
+                          measured=measured, faults=faults)
+    try:
+        write_trace(trace, out_dir / "program.jsonl")
+        write_report(out_dir, report, timelines)
+    except OSError as error:                 # a full disk, the folder removed while the script ran, ...
+        raise TpusimError(f"cannot write the report to {str(out_dir)!r}: {error.strerror or error}"
+                          f"{f' ({error.filename})' if error.filename else ''}") from None
     print(summary_table(report, str(out_dir)))
+    for line in slowdown_lines(faults):
+        print(line)
     print(format_placements(distributed, placements), end="")
-    return measured
+    return measured, not priced

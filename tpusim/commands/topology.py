@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from pathlib import Path
 
 from tpusim.errors import TpusimError
 
@@ -29,8 +31,8 @@ def add_parser(subparsers) -> None:
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", metavar="SPEC", help="slice shape, e.g. 3d:8x8x8, 2d:16x16, 1d:8")
     parser.add_argument("--chip", help="chip generation (see `tpusim chips`), e.g. v5p, v6e")
-    parser.add_argument("--slices", type=int, default=1, metavar="N",
-                        help="number of identical slices joined over DCN (multislice; default 1)")
+    parser.add_argument("--slices", default="1", metavar="N",
+                        help="number of identical slices joined over DCN (multislice; 1 to 1024, default 1)")
     wrap = parser.add_mutually_exclusive_group()
     wrap.add_argument("--wrap", metavar="AXES",
                       help="force wraparound on exactly these axes, e.g. --wrap x,y (others open)")
@@ -44,6 +46,7 @@ def add_parser(subparsers) -> None:
 
 def wrap_override(dims: tuple[int, ...], axes: str | None, no_wrap: bool) -> tuple[bool, ...] | None:
     """--wrap x,y / --no-wrap -> a per-axis wrap tuple (None: the chip's rule decides)."""
+    from tpusim.errors import plain_text, shown
     from tpusim.topology import AXIS_NAMES
 
     if no_wrap:
@@ -51,28 +54,61 @@ def wrap_override(dims: tuple[int, ...], axes: str | None, no_wrap: bool) -> tup
     if axes is None:
         return None
     names = AXIS_NAMES[:len(dims)]
-    chosen = {a.strip() for a in axes.split(",") if a.strip()}
+    plain_text(axes, "--wrap", f"accepted: axis letters {', '.join(names)} separated by commas", max_length=64)
+    chosen = {a.strip(" ") for a in axes.split(",") if a.strip(" ")}
     unknown = chosen - set(names)
     if unknown:
-        raise TpusimError(f"--wrap names axis {', '.join(sorted(unknown))} that a {len(dims)}d slice "
+        raise TpusimError(f"--wrap names axis {', '.join(map(shown, sorted(unknown)))} that a {len(dims)}d slice "
                           f"lacks; accepted: {', '.join(names)}")
     return tuple(name in chosen for name in names)
 
 
+def check_image_path(text: str, flag: str = "--png") -> Path:
+    """Where a figure goes: printable text, in a folder that exists and takes files, with a suffix
+    matplotlib writes (png, svg, pdf, ...); checked before anything is drawn."""
+    from tpusim.errors import plain_text, shown
+
+    path = Path(plain_text(text, flag, "give a file name such as slice.png", max_length=4096, ascii_only=False))
+    folder = path.parent
+    if not folder.is_dir():
+        raise TpusimError(f"{flag} {shown(text)}: the folder {str(folder)!r} does not exist; create it first "
+                          f"or give another path")
+    if path.is_dir():
+        raise TpusimError(f"{flag} {shown(text)} is a folder; give a file name such as {path / 'slice.png'}")
+    if not os.access(folder, os.W_OK):
+        raise TpusimError(f"{flag} {shown(text)}: the folder {str(folder)!r} is not writable")
+    return path
+
+
+def draw_to(slice_, path: Path, flag: str = "--png") -> None:
+    """Draw ``slice_`` to ``path`` atomically (a unique temporary name, then one rename)."""
+    from tpusim.errors import shown
+    from tpusim.output import temporary_name
+    from tpusim.topology_plot import draw_slice
+
+    tmp = temporary_name(path).with_suffix(path.suffix or ".png")
+    try:
+        draw_slice(slice_, tmp)
+        os.replace(tmp, path)
+    except (OSError, ValueError) as error:      # ValueError: a suffix matplotlib has no writer for
+        raise TpusimError(f"{flag} {shown(str(path))}: cannot write the drawing: "
+                          f"{getattr(error, 'strerror', None) or error}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def run(args: argparse.Namespace) -> int:
-    from tpusim.topology import build_slice, parse_topology
+    from tpusim.topology import build_slice, parse_slices, parse_topology
     from tpusim.units import format_rate
 
-    if args.slices < 1:
-        raise TpusimError(f"--slices must be at least 1, got {args.slices}")
+    slices = parse_slices(args.slices)
     dims = parse_topology(args.spec)
+    png = check_image_path(args.png) if args.png else None
     slice_ = build_slice(args.spec, chip=args.chip, wrap=wrap_override(dims, args.wrap, args.no_wrap),
-                         slices=args.slices, twisted=args.twisted or None)
+                         slices=slices, twisted=args.twisted or None)
     info = slice_.to_dict()
-    if args.png:
-        from tpusim.topology_plot import draw_slice
-
-        draw_slice(slice_, args.png)
+    if png is not None:
+        draw_to(slice_, png)
     if args.json:
         print(json.dumps(info, indent=2, sort_keys=True))
         return 0

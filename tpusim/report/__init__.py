@@ -3,37 +3,34 @@
 ``build_report`` (report/model.py) assembles report.json's dict once from a run's typed parts;
 ``Measured`` is what ``tpusim run --target pjrt`` measured for real (report/measured.py).
 
-``write_report`` writes every file atomically (temporary name, then rename), so a crash
-or Ctrl-C never leaves a half-written report.json behind.
+``write_report`` writes every file atomically (a unique temporary name, then one rename:
+tpusim/output.py), so a crash, kill -9 or Ctrl-C never leaves a half-written file behind.
+``load_report`` (report/load.py) reads a report.json back, checking its schema and version.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from tpusim.output import write_atomic
 from tpusim.report.html import render_html
+from tpusim.report.load import READ_VERSIONS, load_report
 from tpusim.report.measured import Measured, measured_section
-from tpusim.report.model import RunInfo, build_report
+from tpusim.report.model import Interrupted, RunInfo, build_report, incomplete_reason
 from tpusim.report.perfetto import perfetto_trace
-from tpusim.report.plots import save_figures
 from tpusim.report.summary import summary_table
 from tpusim.timeline import Timeline
 
-__all__ = ["Measured", "RunInfo", "build_report", "measured_section", "summary_table", "write_report",
-           "write_atomic"]
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+__all__ = ["READ_VERSIONS", "Interrupted", "Measured", "RunInfo", "build_report", "incomplete_reason", "load_report",
+           "measured_section", "summary_table", "write_atomic", "write_report"]
 
 
 def write_report(out_dir: str | Path, report: dict[str, Any], timelines: dict[str, Timeline]) -> Path:
     """Write report.json, the figures, report.html and trace.json (the fastest mode's timeline)."""
+    from tpusim.report.plots import save_figures  # matplotlib: only when figures are drawn
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "report.json", json.dumps(report, indent=1, sort_keys=True) + "\n")

@@ -7,6 +7,7 @@ import html
 from pathlib import Path
 from typing import Any
 
+from tpusim.report.model import incomplete_reason
 from tpusim.units import format_bytes, format_seconds
 
 STYLE = """
@@ -33,20 +34,23 @@ def _image(path: Path, alt: str) -> str:
 
 def render_html(report: dict[str, Any], figures: dict[str, Path]) -> str:
     run, chip, modes = report["run"], report["chip"], report["modes"]
-    best = min(modes, key=lambda m: modes[m]["step_time_median_s"])
-    summary = modes[best]
     cards = [("script", run["script"]), ("slice", f"{run['topology']} on {chip['display_name']}"),
-             ("chips", report["slice"]["chips"]), ("step time", format_seconds(summary["step_time_median_s"])
-                                                    + f" ({best})"),
-             ("MFU", f"{summary['mfu']:.1%}"), ("HBM peak", f"{format_bytes(summary['hbm']['peak_bytes'])} "
-                                                          f"of {format_bytes(summary['hbm']['capacity_bytes'])}")]
+             ("chips", report["slice"]["chips"])]
+    best = min(modes, key=lambda m: modes[m]["step_time_median_s"]) if modes else None
+    summary = modes[best] if best else {"top_ops": [], "collectives": [], "host_stalls": []}
+    if best:
+        cards += [("step time", format_seconds(summary["step_time_median_s"]) + f" ({best})"),
+                  ("MFU", f"{summary['mfu']:.1%}"),
+                  ("HBM peak", f"{format_bytes(summary['hbm']['peak_bytes'])} "
+                               f"of {format_bytes(summary['hbm']['capacity_bytes'])}")]
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>tpusim: {html.escape(run['script'])}"
              f"</title><style>{STYLE}</style></head><body>",
              f"<h1>tpusim cost report: {html.escape(run['script'])}</h1>"]
-    if not report["complete"]:
-        parts.append(f"<p class='bad'><b>Incomplete:</b> the script raised {html.escape(report['error']['type'])}"
-                     f"; the numbers cover what ran before it.</p><pre>"
-                     f"{html.escape(report['error']['traceback'] or '')}</pre>")
+    reason = incomplete_reason(report)
+    if reason:
+        traceback = (report.get("error") or {}).get("traceback")
+        parts.append(f"<p class='bad'><b>Incomplete:</b> {html.escape(reason)}; the numbers cover what ran "
+                     f"before.</p>" + (f"<pre>{html.escape(traceback)}</pre>" if traceback else ""))
     parts.append("<div class='cards'>" + "".join(f"<div class='card'>{html.escape(k)}<b>{html.escape(str(v))}</b>"
                                                  "</div>" for k, v in cards) + "</div>")
     for warning in report["warnings"]:
@@ -70,10 +74,13 @@ def render_html(report: dict[str, Any], figures: dict[str, Path]) -> str:
                 ["placement", "step time", "collective time"],
                 [[p["placement"] + (" (default)" if p["placement"] == placements.get("default") else ""),
                   format_seconds(p["step_s"]), format_seconds(p["collective_s"])] for p in placements["ranked"]]))
-    parts.append(f"<h2>Top ops ({best})</h2>" + _table(
-        ["op", "source", "count", "time", "FLOPs", "bytes", "bound"],
-        [[o["op"], o["source"], o["count"], format_seconds(o["seconds"]), f"{o['flops']:.3g}",
-          format_bytes(o["bytes"]), o["bound"]] for o in summary["top_ops"]]))
+    if best is None:
+        parts.append("<p>No eager mode was priced.</p>")
+    else:
+        parts.append(f"<h2>Top ops ({best})</h2>" + _table(
+            ["op", "source", "count", "time", "FLOPs", "bytes", "bound"],
+            [[o["op"], o["source"], o["count"], format_seconds(o["seconds"]), f"{o['flops']:.3g}",
+              format_bytes(o["bytes"]), o["bound"]] for o in summary["top_ops"]]))
     if summary["collectives"]:
         parts.append(f"<h2>Collectives ({best})</h2>" + _table(
             ["kind", "bytes", "group", "axes", "algorithm", "DES time", "closed form", "contention", "source"],

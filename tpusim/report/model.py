@@ -9,10 +9,17 @@ The same inputs give a byte-identical file: no wall-clock times (except in ``mea
 only --target pjrt writes), sorted keys, floats rounded to 9 significant digits, lists in a
 defined order.
 
-Schema ``tpusim-report`` version 1::
+Schema ``tpusim-report`` version 2 (version 1 lacked ``exit_code`` and ``interrupted``, and read
+``complete: true`` after ``sys.exit(3)``; ``tpusim.report.load`` reads both)::
 
-    schema, version            "tpusim-report", 1
-    complete                   false when the script raised; then ``error`` = {type, traceback}
+    schema, version            "tpusim-report", 2
+    complete                   true only when the script ran to its end with exit status 0, nothing
+                               was interrupted and every mode asked for was priced
+    error                      {type, traceback} when the script raised, else null
+    exit_code                  the script's exit status, as `python script.py` would give it (0; 1 when it
+                               raised; N for sys.exit(N); 130 when Ctrl-C stopped it)
+    interrupted                null, or what Ctrl-C stopped: {script, pricing (true/false), not_priced
+                               [modes asked for but not priced]}; the report covers what was done before
     run                        script, argv, tpusim_version, torch_version, chip, topology,
                                world_size, modes, numerics, target
     chip                       name, display_name and the peaks the report compares against
@@ -93,15 +100,24 @@ from tpusim.topology import Slice
 from tpusim.trace import CollectiveRecord, HostRecord, OpRecord, StepMarker, Trace
 
 SCHEMA = "tpusim-report"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 TOP_OPS = 20
 RECOMPILES_LISTED = 20
 DEVICE_TERMS = ("mxu", "vpu", "transcendental", "hbm", "sparsecore", "launch")
 
 
 @dataclass(frozen=True)
+class Interrupted:
+    """What Ctrl-C stopped in a run (report.json's ``interrupted``)."""
+
+    script: bool = False                # the script itself (its exit status is then 130)
+    pricing: bool = False               # pricing: the modes in ``not_priced`` were never priced
+    not_priced: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class RunInfo:
-    """What was run, for the report's ``run`` section."""
+    """What was run, for the report's ``run`` section, and how it ended."""
 
     script: str
     argv: tuple[str, ...] = ()
@@ -111,19 +127,24 @@ class RunInfo:
     torch_version: str = ""
     error_type: str | None = None
     error_traceback: str | None = None
+    exit_code: int = 0                  # the script's exit status
+    interrupted: Interrupted | None = None
 
 
 def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str, Timeline],
                  warnings: Sequence[LintWarning] = (), *, distributed: Distributed | None = None,
-                 placements: PlacementComparison | None = None, measured: Measured | None = None) -> dict[str, Any]:
+                 placements: PlacementComparison | None = None, measured: Measured | None = None,
+                 faults: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report.json dict of a run: every section from its typed part (see the module docstring)."""
     chip = slice_.chip
     report = {
         "schema": SCHEMA,
         "version": SCHEMA_VERSION,
-        "complete": info.error_type is None,
+        "complete": info.error_type is None and info.exit_code == 0 and info.interrupted is None,
         "error": None if info.error_type is None else {"type": info.error_type,
                                                        "traceback": info.error_traceback},
+        "exit_code": info.exit_code,
+        "interrupted": None if info.interrupted is None else asdict(info.interrupted),
         "run": {"script": info.script, "argv": list(info.argv), "tpusim_version": __version__,
                 "torch_version": info.torch_version, "chip": chip.name, "topology": slice_.spec,
                 "world_size": slice_.total_chips, "modes": list(timelines), "numerics": info.numerics,
@@ -138,11 +159,34 @@ def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str
         report["distributed"] = asdict(distributed)
     if placements is not None:
         report["placements"] = placements_section(placements)
+    if faults is not None:          # tpusim.faults.slowdown_section: the faulted slice against the healthy one
+        report["faults"] = faults
     report = rounded(report)
     if measured is not None:        # after rounding: it compares with the rounded simulated medians
         world = slice_.total_chips if report["program"]["collectives"] else 1
         report["measured"] = rounded(measured_section(measured, report["modes"], world))
     return report
+
+
+def incomplete_reason(report: dict[str, Any]) -> str | None:
+    """Why a report is incomplete, in words ("the script exited with status 3"); None when it is complete.
+    Reads reports of every version ``tpusim.report.load`` reads."""
+    if report.get("complete", True):
+        return None
+    reasons = []
+    interrupted = report.get("interrupted") or {}
+    error = report.get("error") or {}
+    code = report.get("exit_code")
+    if interrupted.get("script"):
+        reasons.append("Ctrl-C stopped the script")
+    elif error.get("type"):
+        reasons.append(f"the script raised {error['type']}")
+    elif code:
+        reasons.append(f"the script exited with status {code}")
+    if interrupted.get("pricing"):
+        not_priced = ", ".join(interrupted.get("not_priced") or ())
+        reasons.append("Ctrl-C stopped pricing" + (f" ({not_priced} not priced)" if not_priced else ""))
+    return "; ".join(reasons) or "the run did not finish"
 
 
 def placements_section(comparison: PlacementComparison) -> dict[str, Any]:

@@ -6,6 +6,7 @@ Each function returns a matplotlib ``Figure`` (no pyplot state, safe in tests an
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,8 @@ def time_breakdown(report: dict[str, Any]) -> Figure:
             left += widths
     ax.set_xlabel(f"simulated time ({unit}) of one step after the first, per chip")
     ax.set_title("Device time breakdown")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=4, fontsize=8, frameon=False)
+    if ax.get_legend_handles_labels()[0]:       # a run with no ops has nothing to label
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=4, fontsize=8, frameon=False)
     return fig
 
 
@@ -146,12 +148,20 @@ FIGURES = {"modes": mode_comparison, "breakdown": time_breakdown, "roofline": ro
 
 
 def save_figures(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
-    paths = {}
+    """Every figure as ``out_dir/<name>.png``, each written atomically (tpusim/output.py); none when no mode
+    was priced."""
+    from tpusim.output import write_atomic
+
+    paths: dict[str, Path] = {}
+    if not report["modes"]:
+        return paths
     for name, draw in FIGURES.items():
         fig = draw(report)
         if fig is None:
             continue
         path = out_dir / f"{name}.png"
-        fig.savefig(path, dpi=110, metadata={"Software": None})  # no version stamp: stable bytes
+        image = io.BytesIO()
+        fig.savefig(image, format="png", dpi=110, metadata={"Software": None})  # no version stamp: stable bytes
+        write_atomic(path, image.getvalue())
         paths[name] = path
     return paths

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tpusim.report.model import incomplete_reason
 from tpusim.units import format_bytes, format_seconds
 
 RECOMPILES_SHOWN = 5
@@ -38,12 +39,13 @@ def summary_table(report: dict[str, Any], out_dir: str) -> str:
     lines = [f"tpusim: {run['script']} on {run['topology']} ({report['chip']['display_name']}, "
              f"{report['slice']['chips']} chips) - {program['ops']} ops, {program['collectives']} collectives, "
              f"{program['steps']} steps"]
-    lines += _columns(names, rows)
+    lines += _columns(names, rows) if names else ["no eager mode was priced"]
     lines += recompile_lines(modes)
     for warning in report["warnings"]:
         lines.append(f"warning: {warning['message']}" + (f" ({warning['source']})" if warning.get("source") else ""))
-    if not report["complete"]:
-        lines.append(f"INCOMPLETE: the script raised {report['error']['type']}; the report covers what ran before")
+    reason = incomplete_reason(report)
+    if reason:
+        lines.append(f"INCOMPLETE: {reason}; the report covers what ran before")
     lines += measured_lines(report)
     lines.append(f"report: {out_dir}/report.html (report.json, trace.json for ui.perfetto.dev)")
     return "\n".join(lines)

@@ -1,0 +1,110 @@
+"""How a `tpusim run` ends, end to end (issue 17, rows 3, 7, 8, 9): the script's exit status and Ctrl-C in
+report.json, two runs into one --out, a --placement the recorded program cannot take. Each run is a
+subprocess, as a user would start it (the same endings in-process, torch-free: tests/test_interrupts.py)."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tpusim(*argv: str, **popen) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tpusim", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, **popen)
+
+
+def script(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "script.py"
+    path.write_text("import torch\nx = torch.ones(4, 4, device='tpu')\ny = (x @ x).sum()\n" + body)
+    return str(path)
+
+
+def report_of(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+def test_sys_exit_3_is_the_exit_status_and_the_report_says_so(tmp_path):
+    result = tpusim("run", script(tmp_path, "import sys\nsys.exit(3)\n"), "--quiet", "--out", str(tmp_path / "out"))
+    assert result.returncode == 3
+    report = report_of(tmp_path / "out")
+    assert report["exit_code"] == 3 and report["complete"] is False and report["error"] is None
+    assert report["interrupted"] is None and report["program"]["ops"] >= 2
+    assert "INCOMPLETE: the script exited with status 3" in result.stdout
+
+
+def test_a_second_run_into_the_same_out_is_refused_and_the_first_is_untouched(tmp_path):
+    started, go = tmp_path / "started", tmp_path / "go"
+    body = (f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\n"
+            f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.05)\n")
+    out = tmp_path / "out"
+    first = subprocess.Popen([sys.executable, "-m", "tpusim", "run", script(tmp_path, body), "--quiet",
+                              "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while not started.exists() and first.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        assert started.exists(), first.communicate()[1]
+        second = tpusim("run", "examples/mlp.py", "--quiet", "--out", str(out))
+        assert second.returncode == 2
+        assert second.stderr == (f"tpusim run: error: --out {str(out)!r} is being written by another tpusim run "
+                                 f"right now; give this run its own --out (or wait for the other run to finish)\n")
+    finally:
+        go.touch()
+        stdout, stderr = first.communicate(timeout=600)
+    assert first.returncode == 0, stderr
+    assert report_of(out)["complete"] and report_of(out)["run"]["script"].endswith("script.py")
+
+
+def test_a_placement_the_program_cannot_take_keeps_the_report(tmp_path):
+    result = tpusim("run", script(tmp_path, ""), "--quiet", "--topology", "2d:2x2", "--ranks", "one",
+                    "--placement", "tp=x", "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith("this script recorded none (the report uses the default placement)")
+    assert report_of(tmp_path / "out")["program"]["ops"] >= 2        # the run's work was not lost
+
+
+def test_ctrl_c_during_pricing_of_a_real_run(tmp_path):
+    """A real SIGINT from outside once pricing has started, then two more while the report is written."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:    # the run would inherit it, and tpusim respects it
+        pytest.skip("SIGINT is ignored in this process (pytest started as a background job)")
+    out = tmp_path / "out"
+    run = subprocess.Popen([sys.executable, "-m", "tpusim", "run", "examples/mlp.py", "--mode", "all", "--out",
+                            str(out), "--", "--steps", "60"], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in run.stderr:                                   # progress lines: "...; pricing debug, strict, fused"
+        lines.append(line)
+        if "pricing debug" in line:
+            break
+    for _ in range(3):
+        run.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+    stdout, stderr = run.communicate(timeout=600)
+    stderr = "".join(lines) + stderr
+    assert run.returncode == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    report = report_of(out)
+    assert report["interrupted"]["pricing"] is True and report["exit_code"] == 0
+    assert set(report["modes"]) | set(report["interrupted"]["not_priced"]) == {"debug", "strict", "fused"}
+    assert "INCOMPLETE: Ctrl-C stopped pricing" in stdout
+
+
+def test_a_run_on_a_faulted_slice_reports_its_slowdown_against_the_healthy_one(tmp_path):
+    body = ("import torch, torch.distributed as dist\n"
+            "dist.init_process_group('tpusim')\n"
+            "x = torch.ones(2**22, device='tpu')\n"
+            "dist.all_reduce(x)\n")
+    done = tpusim("run", script(tmp_path, body), "--topology", "3d:4x4x4", "--ranks", "one", "--quiet",
+                  "--fail-links", "x+@(0,0,0)", "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    faults = report_of(tmp_path / "out")["faults"]
+    assert faults["failed_links"] == ["x+@(0,0,0)"] and faults["links_working"] == 191
+    strict = faults["modes"]["strict"]
+    assert strict["total_s"] > strict["healthy_total_s"] and strict["slowdown"] > 1    # the 16 MB all-reduce detours
+    assert "on the healthy slice" in done.stdout

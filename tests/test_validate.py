@@ -1,0 +1,231 @@
+"""The fidelity suite (`tpusim validate`) and the calibration files it loads.
+
+Fast checks run by default: calibration loading and its rules, the opt-in compute terms leaving
+every default number unchanged, the cases' data (sources, held-out exclusions), the quick cases
+priced end to end, and the command line. The full suite (every MaxText step, minutes) is
+``-m slow``.
+"""
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from tpusim.calibration import PARAMETERS, CalibratedChip, Calibration, Parameter, calibrated, load_calibration
+from tpusim.cli import main
+from tpusim.compute import NO_TERMS, CalibrationTerms, calibration_terms, kernel_cost
+from tpusim.errors import TpusimError
+from tpusim.spec import load_chip
+from tpusim.trace import OpRecord
+from tpusim.validate import CASES, find_case, run_case, run_cases, summarise
+from tpusim.validate.case import KINDS
+from tpusim.validate.maxtext import RUNS, V5E_2023, V5P_2024, Decoder, mesh_groups, step_trace
+from tpusim.validate.suite import calibration_files, resolve_chip
+
+FAST = [c for c in CASES if not c.slow]
+
+
+def _matmul(m=4096, k=4096, n=4096):
+    return OpRecord(seq=0, op="aten::mm", unit="mxu", dtype="bfloat16", flops=2.0 * m * k * n,
+                    bytes_read=2.0 * (m * k + k * n), bytes_written=2.0 * m * n, matmul=(1, m, k, n))
+
+
+# ---- calibration files and the loader ---------------------------------------------------------
+
+@pytest.mark.parametrize("path", calibration_files(), ids=lambda p: p.stem)
+def test_every_calibration_file_loads_and_names_real_cases(path):
+    calibration = load_calibration(path.stem)
+    assert calibration.chip == path.stem and calibration.parameters
+    names = {c.name: c for c in CASES}
+    for param in calibration.parameters.values():
+        assert [bool(param.source), bool(param.fitted_on), bool(param.estimate)].count(True) == 1
+        for case in param.fitted_on:
+            assert case in names, f"{path.name}: [{param.name}] fitted on unknown case {case}"
+            assert names[case].chip == calibration.chip, f"{case} is not a {calibration.chip} case"
+
+
+def test_a_calibrated_chip_carries_its_terms_and_replaced_fields():
+    chip = load_chip("v5p")
+    calibration = Calibration("v5p", {
+        "mxu_efficiency": Parameter("mxu_efficiency", 0.8, estimate="test"),
+        "ici_link_efficiency": Parameter("ici_link_efficiency", 0.5, estimate="test"),
+        "collective_overhead_ns": Parameter("collective_overhead_ns", 2500, estimate="test")})
+    cal = calibration.apply(chip)
+    assert isinstance(cal, CalibratedChip) and cal.terms == CalibrationTerms(mxu_efficiency=0.8)
+    assert cal.ici_link_bytes_per_s == chip.ici_link_bytes_per_s * 0.5
+    assert cal.collective_overhead_ns == 2500.0
+    assert cal.peak_bf16_flops_per_s == chip.peak_bf16_flops_per_s   # the datasheet peak stays for utilisation
+    assert calibrated(chip, False) is chip and calibrated(chip, None) is chip
+
+
+def test_default_terms_change_no_number():
+    chip = load_chip("v5e")
+    plain = kernel_cost(_matmul(), chip)
+    with_defaults = kernel_cost(_matmul(), CalibratedChip(**{f.name: getattr(chip, f.name)
+                                                             for f in dataclasses.fields(chip)}))
+    assert calibration_terms(chip) is NO_TERMS
+    assert plain == with_defaults
+
+
+def test_mxu_efficiency_stretches_mxu_time_only():
+    chip = load_chip("v5e")
+    half = Calibration("v5e", {"mxu_efficiency": Parameter("mxu_efficiency", 0.5, estimate="test")}).apply(chip)
+    full, slowed = kernel_cost(_matmul(), chip), kernel_cost(_matmul(), half)
+    assert full.bound == slowed.bound == "mxu"
+    assert math.isclose(slowed.compute_s, 2 * full.compute_s)
+    assert slowed.memory_s == full.memory_s
+    assert math.isclose(slowed.mxu_utilisation, full.mxu_utilisation * full.seconds / slowed.seconds)
+
+
+def test_hbm_efficiency_stretches_memory_time():
+    chip = load_chip("v5e")
+    copy = OpRecord(seq=0, op="aten::copy_", unit="dma", dtype="bfloat16", bytes_read=1e9, bytes_written=1e9)
+    slowed = Calibration("v5e", {"hbm_efficiency": Parameter("hbm_efficiency", 0.8, estimate="t")}).apply(chip)
+    assert math.isclose(kernel_cost(copy, slowed).memory_s, kernel_cost(copy, chip).memory_s / 0.8)
+
+
+@pytest.mark.parametrize("body, message", [
+    ('chip = "v5e"\n[warp_speed]\nvalue = 1\nestimate = "x"\n', "unknown parameter"),
+    ('chip = "v5e"\n[mxu_efficiency]\nvalue = 0.9\nsource = "a"\nestimate = "b"\n', "exactly one"),
+    ('chip = "v5e"\n[mxu_efficiency]\nvalue = 0.9\n', "exactly one"),
+    ('chip = "v5e"\n[mxu_efficiency]\nvalue = 1.2\nestimate = "b"\n', "<= 1"),
+    ('chip = "v5e"\n[mxu_efficiency]\nvalue = 0.9\nfitted_on = []\n', "non-empty list"),
+    ('chip = "v5p"\n[mxu_efficiency]\nvalue = 0.9\nestimate = "b"\n', "but the file is"),
+    ('chip = "v5e"\n[kernel_launch_ns]\nvalue = -1\nestimate = "b"\n', "> 0"),
+])
+def test_bad_calibration_files_are_refused_with_the_key(tmp_path, monkeypatch, body, message):
+    (tmp_path / "calibration").mkdir()
+    (tmp_path / "calibration" / "v5e.toml").write_text(body)
+    monkeypatch.setenv("TPUSIM_TOPOLOGIES", str(tmp_path))
+    with pytest.raises(TpusimError, match=message):
+        load_calibration("v5e")
+
+
+def test_every_parameter_kind_targets_a_real_field():
+    chip_fields = {f.name for f in dataclasses.fields(load_chip("v5p"))}
+    term_fields = {f.name for f in dataclasses.fields(CalibrationTerms)}
+    for name, kind in PARAMETERS.items():
+        assert kind.how in ("term", "scale", "replace"), name
+        assert kind.target in (term_fields if kind.how == "term" else chip_fields), name
+
+
+# ---- the cases ---------------------------------------------------------------------------------
+
+def test_cases_have_unique_names_sources_and_published_times():
+    assert len({c.name for c in CASES}) == len(CASES)
+    for c in CASES:
+        assert c.kind in KINDS and c.source.startswith("https://") and c.where and c.published_s > 0
+        assert c.chip and c.slice and c.setup
+        resolve_chip(c.chip)
+
+
+def test_the_two_held_out_measurements_are_not_cases():
+    """MLPerf v4.0 GPT-3 175B on one 8x8x8 v5p slice, and the scaling book's latency-bound small-message
+    all-gather measured on v5e (Pop Quiz 2, part 2: 8 us) must never be cases."""
+    for c in CASES:
+        text = f"{c.name} {c.title} {c.setup} {c.where}".lower()
+        assert "gpt-3" not in text and "gpt3" not in text and "175b" not in text and "mlperf" not in text
+        assert not (c.chip == "v5e" and "part 2" in text)
+        assert not (c.chip == "v5e" and c.kind == "measured" and c.published_s < 50e-6)
+
+
+def test_maxtext_sizes_match_the_published_parameter_counts():
+    # MaxText's names are the parameter counts its global_parameter_scale gives
+    for run in RUNS:
+        label = float(run.model_label.rstrip("B")) * 1e9
+        assert abs(run.model.params / label - 1) < 0.05, (run.name, run.model.params)
+    m32 = Decoder.from_scale(32, **V5P_2024)
+    assert (m32.emb, m32.heads, m32.mlp, m32.layers) == (8192, 64, 28672, 32)
+    assert (Decoder.from_scale(16, **V5E_2023).emb, Decoder.from_scale(16, **V5E_2023).layers) == (5120, 32)
+
+
+def test_maxtext_published_step_is_its_flop_count_over_the_rate():
+    run = next(r for r in RUNS if r.name == "maxtext-v5p-32b-v5p-128")
+    # 6 N tokens + 6 H L D S^2 B (causal half of 12), per device: N = 31.66e9, tokens = 6 x 2048
+    m = run.model
+    tflops = (6 * m.params * 2048 * 6 + 6 * 64 * 32 * 128 * 2048 ** 2 * 6) / 1e12
+    assert math.isclose(run.published_step_s(), tflops / 328)
+
+
+def test_mesh_groups_put_tensor_on_one_axis_and_fsdp_on_the_rest():
+    groups = mesh_groups("3d:4x4x8", load_chip("v5p"), 8, 1)
+    assert groups.tensor == tuple(range(0, 128, 16)) and len(groups.fsdp) == 16 and groups.dcn == (0,)
+    multislice = mesh_groups("2d:16x16", load_chip("v5e"), 1, 4)
+    assert multislice.tensor == (0,) and len(multislice.fsdp) == 256 and multislice.dcn == (0, 256, 512, 768)
+
+
+def test_step_trace_is_one_rank_of_the_whole_world():
+    run = next(r for r in RUNS if r.name == "maxtext-v5p-32b-v5p-128")
+    trace = step_trace(run, load_chip("v5p"), steps=1)
+    assert trace.world_size == 64
+    ops = [r for r in trace.records if isinstance(r, OpRecord)]
+    useful = sum(o.flops for o in ops if o.family in ("contraction", "attention"))
+    # minimal remat: about 3 x the forward matmul FLOPs, plus the attention recompute: at least MaxText's count
+    assert useful >= 0.98 * run.model.maxtext_tflops(run.per_device_batch) * 1e12
+
+
+# ---- pricing -----------------------------------------------------------------------------------
+
+def test_fast_cases_price_and_summarise():
+    results = run_cases(FAST)
+    assert all(math.isfinite(r.error) and r.predicted_s > 0 for r in results)
+    summary = summarise(results)
+    assert summary["measured"].count + summary["analytic"].count == len(FAST)
+    by_name = {r.case.name: r for r in results}
+    # the matmul and the reduce-scatter profiled on TPU v2 are bandwidth/compute rooflines: within 5%
+    assert abs(by_name["sb-v18-ffw-matmul-v2-profile"].error) < 0.05
+    assert abs(by_name["sb-c10-reducescatter-v2-profile"].error) < 0.05
+    assert by_name["sb-c2-allgather-v5e-4x8-profile"].held_out
+    assert not by_name["sb-c9-allgather-v5e-8x16-sweep"].held_out
+
+
+def test_uncalibrated_collective_matches_the_datasheet_closed_form():
+    case = find_case(CASES, "sb-c2-allgather-v5e-4x8-profile")
+    # a 4-chip line, both directions: 3 x (1 us + 8.4 MB / 4.5e10) + the chip file's start-up
+    expected = 3 * (1e-6 + 2048 * 8192 * 2 / 4 / 4.5e10) + load_chip("v5e").collective_overhead_ns * 1e-9
+    assert math.isclose(run_case(case, calibration=False).predicted_s, expected, rel_tol=1e-6)
+
+
+def test_cli_table_json_and_explain(tmp_path, capsys):
+    out = tmp_path / "v.json"
+    assert main(["validate", "--case", "sb-c2-allgather-v5e-4x8-profile", "--case", "sb-v18",
+                 "--json", str(out), "--quiet"]) == 0
+    table = capsys.readouterr().out
+    assert "sb-c2-allgather-v5e-4x8-profile" in table and "measured, held out" in table
+    data = json.loads(out.read_text())
+    assert [r["case"] for r in data["results"]] == ["sb-c2-allgather-v5e-4x8-profile",
+                                                     "sb-v18-ffw-matmul-v2-profile"]
+    assert data["summary"]["held_out"]["count"] == 2
+    assert main(["validate", "--explain", "sb-c2-allgather-v5e-4x8-profile"]) == 0
+    text = capsys.readouterr().out
+    assert "where the predicted time goes" in text and "ici_link_efficiency" in text and "bandwidth" in text
+
+
+def test_cli_refuses_an_unknown_case(capsys):
+    assert main(["validate", "--case", "no-such-case"]) == 2
+    assert "unknown case" in capsys.readouterr().err
+
+
+def test_cli_lists_cases_with_sources(capsys):
+    assert main(["validate", "--list"]) == 0
+    text = capsys.readouterr().out
+    assert all(c.name in text for c in CASES) and "[slow]" in text
+
+
+@pytest.mark.slow
+def test_full_suite_runs_and_reports_held_out_error():
+    results = run_cases(CASES)
+    summary = summarise(results)
+    assert summary["held_out"].count > 0 and summary["held_out"].mean_abs is not None
+    assert all(math.isfinite(r.error) for r in results)
+
+
+@pytest.mark.slow
+def test_explain_a_step_case_reports_sensitivity_to_mxu_efficiency():
+    from tpusim.validate import explain
+
+    ex = explain(find_case(CASES, "maxtext-v5p-32b-v5p-128"))
+    assert "compute (mxu)" in ex.result.prediction.parts
+    mxu = next(s for s in ex.sensitivities if s.parameter == "mxu_efficiency")
+    assert mxu.change < -0.05          # 10% more MXU throughput: a compute-bound step gets clearly faster

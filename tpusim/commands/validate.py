@@ -1,0 +1,186 @@
+"""``tpusim validate``: predicted vs published TPU measurements, with each chip's calibration."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from tpusim.errors import TpusimError
+
+EXAMPLES = """\
+Each case reproduces one published TPU measurement (the scaling book's collective and matmul
+profiles, MaxText's training throughput on v5p and v5e): its source, chip, slice, parallelism and
+batch are in `--list` and `--json`. The error is (predicted - published) / published. "held out"
+cases were not used to fit any calibrated parameter of their chip (topologies/calibration/);
+"analytic" rows are the source's own pen-and-paper estimates, reported apart.
+
+examples:
+  python -m tpusim validate                      # every case (a few minutes), table and summary
+  python -m tpusim validate --fast               # the quick cases only (seconds)
+  python -m tpusim validate --case sb-c2-allgather-v5e-4x8-profile --json out.json
+  python -m tpusim validate --explain maxtext-v5p-32b-v5p-128
+  python -m tpusim validate --no-calibration     # the datasheet chips, before calibration
+  python -m tpusim validate --fit mxu_efficiency --on maxtext-v5e-16b-1xv5e-256,maxtext-v5e-32b-1xv5e-256
+"""
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "validate", help="compare predictions with published TPU measurements (the fidelity suite)",
+        description="Price each fidelity case (a published TPU measurement) and print published, predicted "
+                    "and error, with the mean and max error over the held-out cases.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--case", action="append", metavar="NAME", help="run only this case (repeatable)")
+    parser.add_argument("--fast", action="store_true", help="skip the cases marked slow")
+    parser.add_argument("--list", action="store_true", help="list the cases with their sources and exit")
+    parser.add_argument("--json", metavar="PATH", help="also write the results (and summary) as JSON")
+    parser.add_argument("--no-calibration", action="store_true",
+                        help="price the datasheet chips (topologies/chips) without topologies/calibration")
+    parser.add_argument("--explain", metavar="CASE",
+                        help="where CASE's predicted time goes and how much each calibrated parameter moves it")
+    parser.add_argument("--fit", metavar="PARAM", help="fit one share parameter (e.g. mxu_efficiency) on --on")
+    parser.add_argument("--on", metavar="CASES", help="comma-separated cases for --fit (one chip generation)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tpusim.validate import CASES, find_case, run_cases, summarise
+
+    if args.list:
+        print(format_list(CASES))
+        return 0
+    calibration = not args.no_calibration
+    if args.fit:
+        return _fit(args, CASES)
+    if args.on:
+        raise TpusimError("--on goes with --fit")
+    if args.explain:
+        return _explain(args, find_case(CASES, args.explain), calibration)
+    cases = [find_case(CASES, name) for name in args.case] if args.case else list(CASES)
+    if args.fast:
+        cases = [c for c in cases if not c.slow]
+    started = time.monotonic()
+
+    def progress(case) -> None:
+        if not args.quiet:
+            print(f"pricing {case.name}{' (slow)' if case.slow else ''} ...", file=sys.stderr, flush=True)
+
+    results = run_cases(cases, calibration, progress)
+    summary = summarise(results)
+    print(format_table(results, summary, calibration))
+    if not args.quiet:
+        print(f"({len(results)} cases in {time.monotonic() - started:.1f} s)", file=sys.stderr)
+    if args.json:
+        _write_json(args.json, {"calibrated": calibration, "results": [r.to_dict() for r in results],
+                                "summary": {k: s.to_dict() for k, s in summary.items()}})
+    return 0
+
+
+# ---------------------------------------------------------------------------- formatting
+
+def _fmt_s(seconds: float) -> str:
+    from tpusim.units import format_seconds
+
+    return format_seconds(seconds)
+
+
+def format_table(results, summary, calibration: bool) -> str:
+    rows = [("case", "kind", "chip", "published", "predicted", "error", "held out")]
+    for r in results:
+        held = "yes" if r.held_out else "fitted"
+        rows.append((r.case.name, r.case.kind, r.case.chip, _fmt_s(r.case.published_s), _fmt_s(r.predicted_s),
+                     f"{r.error:+.1%}", held if r.case.kind == "measured" else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    right = {3, 4, 5}
+    lines = [("calibrated: topologies/calibration/<chip>.toml" if calibration
+              else "uncalibrated: datasheet chips (topologies/chips), no calibration")]
+    for row in rows:
+        lines.append("  ".join(cell.rjust(w) if i in right else cell.ljust(w)
+                               for i, (cell, w) in enumerate(zip(row, widths))).rstrip())
+    lines.append("")
+    labels = {"held_out": "measured, held out", "fitted": "measured, fit cases", "measured": "all measured",
+              "analytic": "analytic formula checks"}
+    for key, label in labels.items():
+        s = summary[key]
+        if not s.count:
+            lines.append(f"{label:24s} (0 cases)")
+            continue
+        lines.append(f"{label:24s} ({s.count:2d} cases): mean |error| {s.mean_abs:6.1%}, max {s.max_abs:6.1%} "
+                     f"({s.worst})")
+    return "\n".join(lines)
+
+
+def format_list(cases) -> str:
+    lines = []
+    for c in cases:
+        lines.append(f"{c.name}{'  [slow]' if c.slow else ''}  ({c.kind})")
+        lines.append(f"  {c.title}")
+        lines.append(f"  chip {c.chip}; slice {c.slice}")
+        lines.append(f"  setup: {c.setup}")
+        lines.append(f"  published: {c.published}" + (f"; {c.conversion}" if c.conversion else ""))
+        lines.append(f"  source: {c.source} ({c.where})")
+    return "\n".join(lines)
+
+
+def _explain(args, case, calibration: bool) -> int:
+    from tpusim.validate import explain
+
+    ex = explain(case, calibration)
+    r = ex.result
+    lines = [f"{case.name}: {case.title}",
+             f"  published  {_fmt_s(case.published_s)}  ({case.published}; {case.source}, {case.where})",
+             f"  predicted  {_fmt_s(r.predicted_s)}  error {r.error:+.1%}"
+             f"  ({'held out' if r.held_out else 'a calibration fit case'}"
+             f"{'' if r.calibrated else ', uncalibrated'})"]
+    if case.conversion:
+        lines.append(f"  conversion {case.conversion}")
+    lines.append("where the predicted time goes:")
+    total = r.predicted_s or 1.0
+    for part, seconds in r.prediction.parts.items():
+        if abs(seconds) < 1e-9 * total:
+            continue                       # nothing (or float noise) there
+        lines.append(f"  {part:32s} {_fmt_s(seconds):>12s}  {seconds / total:6.1%}")
+    for note in r.prediction.notes:
+        lines.append(f"  - {note}")
+    if case.model:
+        lines.append(f"  - model: {case.model}")
+    if ex.calibration is None:
+        lines.append(f"calibration: none for {case.chip}" + (" (--no-calibration)" if not calibration else ""))
+    else:
+        lines.append(f"sensitivity (each calibrated parameter of {ex.calibration.path} +10%):")
+        for s in sorted(ex.sensitivities, key=lambda s: -abs(s.change)):
+            basis = s.basis if len(s.basis) <= 110 else s.basis[:107] + "..."
+            lines.append(f"  {s.parameter:24s} {s.value:g} -> {s.perturbed:.4g}: prediction {s.change:+.2%}"
+                         f"   [{basis}]")
+    print("\n".join(lines))
+    if args.json:
+        _write_json(args.json, ex.to_dict())
+    return 0
+
+
+def _fit(args, cases) -> int:
+    from tpusim.validate import find_case
+    from tpusim.validate.fit import fit
+
+    if not args.on:
+        raise TpusimError("--fit needs --on CASE[,CASE...]: the cases to fit on")
+    chosen = [find_case(cases, name.strip()) for name in args.on.split(",") if name.strip()]
+    result = fit(args.fit, chosen)
+    print(f"{result.parameter} = {result.value:g} for {result.chip} (mean log error zero over "
+          f"{len(result.cases)} case(s))")
+    for name, error in zip(result.cases, result.errors):
+        print(f"  {name}: error {error:+.1%}")
+    print(f"write it to topologies/calibration/{result.chip}.toml with fitted_on = {list(result.cases)}")
+    return 0
+
+
+def _write_json(path: str, data: dict) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, sort_keys=False)
+            handle.write("\n")
+    except OSError as error:
+        raise TpusimError(f"cannot write {path}: {error.strerror}") from None

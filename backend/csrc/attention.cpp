@@ -6,7 +6,8 @@
 // backend answer "overrideable" and then calls _scaled_dot_product_fused_attention_overrideable,
 // which backend/kernels.py runs as CPU's own flash kernel on the host aliases (CPU-exact).
 // The choice follows CPU's: where CPU would use its flash kernel (and no dropout or grouped-query
-// attention needs another path), the fused op; otherwise the math path, as on CPU.
+// attention needs another path), the fused op; otherwise the math path, as on CPU. torch.compile
+// traces the math path (see below).
 #include <ATen/ATen.h>
 #include <ATen/ops/_fused_sdp_choice_ops.h>
 #include <ATen/native/transformers/attention.h>
@@ -25,7 +26,10 @@ int64_t tpu_fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, con
   const int64_t cpu_choice = at::_ops::_fused_sdp_choice::redispatch(
       c10::DispatchKeySet(c10::DispatchKey::CPU), query, key, value, attn_mask, dropout_p, is_causal, scale,
       enable_gqa);
-  if (cpu_choice == kFlash && dropout_p == 0.0 && !enable_gqa) return kOverrideable;
+  // Under torch.compile's tracing (fake or functional tensors: the Python key) the math path is traced,
+  // so the graph holds ops the JAX lowering has and XLA fuses the attention itself.
+  const bool tracing = query.key_set().has(c10::DispatchKey::Python);
+  if (cpu_choice == kFlash && dropout_p == 0.0 && !enable_gqa && !tracing) return kOverrideable;
   return kMath;
 }
 

@@ -287,18 +287,7 @@ class Slice:
         if direction not in (1, -1) or not 0 <= axis < self.ndims:
             raise TpusimError(f"bad step (axis={axis}, direction={direction}) in slice {self.spec}: "
                               f"expected 0 <= axis < {self.ndims} and direction +1 or -1")
-        n = self.dims[axis]
-        v = coord[axis] + direction
-        out = list(coord)
-        if 0 <= v < n:
-            out[axis] = v
-            return tuple(out)
-        if n == 1 or not self.wrap[axis]:
-            return None
-        out[axis] = v % n
-        for j, s in self._shifts[axis]:
-            out[j] = (out[j] + direction * s) % self.dims[j]
-        return tuple(out)
+        return self._step(coord, axis, direction)
 
     def axis_hops(self, a: int, b: int, axis: int) -> int:
         """Hops between positions a and b along one axis's ring or line (ignores any twist)."""

@@ -90,7 +90,8 @@ def _int_mm(ins: list, outs: list, args: tuple) -> Cost:
     a, b = args[0], args[1]
     m, k = a.shape
     n = b.shape[1]
-    return Cost(Family.QUANTIZED_CONTRACTION, 2.0 * m * k * n, matmul=(1, m, k, n), dtype=str(a.dtype).removeprefix("torch."))
+    return Cost(Family.QUANTIZED_CONTRACTION, 2.0 * m * k * n, matmul=(1, m, k, n),
+                dtype=str(a.dtype).removeprefix("torch."))
 
 
 def _scaled_mm(ins: list, outs: list, args: tuple) -> Cost:
@@ -110,7 +111,8 @@ def _weight_only_mm(ins: list, outs: list, args: tuple) -> Cost:
     a = args[0]
     m, k = a.shape
     n = outs[0].shape[-1]
-    return Cost(Family.QUANTIZED_CONTRACTION, 2.0 * m * k * n + m * n, matmul=(1, m, k, n), dtype=str(a.dtype).removeprefix("torch."))
+    return Cost(Family.QUANTIZED_CONTRACTION, 2.0 * m * k * n + m * n, matmul=(1, m, k, n),
+                dtype=str(a.dtype).removeprefix("torch."))
 
 
 def _conv_dims(inp: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, transposed: bool,
@@ -273,24 +275,47 @@ _FLOPS_PER_ELEMENT: dict[str, float] = {
 }
 def op_cost(name: str, ins: list[torch.Tensor], outs: list[torch.Tensor], args: tuple) -> Cost:
     """The cost of one op from its (device) inputs, outputs and arguments."""
-    family = family_of(name)
-    short = base_name(name)
-    rule = _SHAPED.get(short)
+    rule = _SHAPED.get(base_name(name))
     if rule is not None:
         try:
             return rule(ins, outs, args)
         except (AttributeError, IndexError, TypeError, ValueError):
-            return Cost(family)                 # no counted work: fusion runs it alone
+            return Cost(family_of(name))        # no counted work: fusion runs it alone
+    return counted_cost(name, tuple(t.numel() for t in ins), tuple(t.numel() for t in outs if t is not None))
+
+
+def reads_arguments(name: str) -> bool:
+    """Whether the op's cost rule reads its arguments (a shaped rule), not only its tensors' sizes."""
+    return base_name(name) in _SHAPED
+
+
+_COUNTED: dict[tuple, Cost] = {}       # (name, input sizes, output sizes) -> Cost: the recorder asks per op
+
+
+def counted_cost(name: str, in_numels: tuple[int, ...], out_numels: tuple[int, ...]) -> Cost:
+    """The cost of an op without a shaped rule, from the element counts of its (device) inputs and outputs."""
+    key = (name, in_numels, out_numels)
+    found = _COUNTED.get(key)
+    if found is None:
+        if len(_COUNTED) > 100_000:     # a program of ever-new shapes: keep the memory bounded
+            _COUNTED.clear()
+        found = _COUNTED[key] = _counted(name, in_numels, out_numels)
+    return found
+
+
+def _counted(name: str, in_numels: tuple[int, ...], out_numels: tuple[int, ...]) -> Cost:
+    family = family_of(name)
+    short = base_name(name)
     if family in (Family.DATA_MOVEMENT, Family.GATHER_SCATTER):
         return Cost(family)
     if family == Family.REDUCTION:
-        elements = max((t.numel() for t in ins), default=0)
+        elements = max(in_numels, default=0)
     else:
-        elements = max((t.numel() for t in outs if t is not None), default=0)
+        elements = max(out_numels, default=0)
         if not elements:
-            elements = max((t.numel() for t in ins), default=0)
+            elements = max(in_numels, default=0)
     if short.startswith(FOREACH_PREFIX):
-        elements = sum(t.numel() for t in outs if t is not None) or sum(t.numel() for t in ins)
+        elements = sum(out_numels) or sum(in_numels)
         short = short[len(FOREACH_PREFIX):]
     flops = elements * _FLOPS_PER_ELEMENT.get(short, 1.0)
     return Cost(family, float(flops), float(elements * _TRANSCENDENTAL.get(short, 0.0)))

@@ -1,4 +1,4 @@
-"""The one boxed fallback: every aten op without a native kernel runs here.
+"""The one boxed fallback: every aten op without a native kernel runs here (in Python where it must).
 
 An op on tpu tensors runs as the CPU kernel on zero-copy host aliases of the device memory
 (meta aliases in shape-only mode), and its results are mapped back to the device: outputs that
@@ -13,6 +13,17 @@ float64 policy (backend/policy.py), hands the op to the recorder when one is act
 debug eager mode, to backend/debug.py (NaN/Inf check at the op). What it needs to know about an
 overload (its ``Plan``) comes from its schema (backend/schema.py), read once.
 Ops whose CPU kernel is wrong for the device are one entry each in backend/kernels.py.
+
+Where it runs: the boxed fallback the dispatcher calls is the shim's (backend/csrc/fallback.cpp).
+It does all of the above in C++ for the common call on the simulator target (the CPU kernel on
+aliases, random draws from the device's generator, results mapped back, the op logged for the
+recorder; in shape-only mode results made from a signature seen before) and calls ``fallback`` here for the
+rest: what ``native_plan`` sends here for an overload (hand-written kernels, device arguments,
+ops outside aten), calls only this module handles (float64/complex: the policy; mixed
+devices; CPU index tensors; tensor subclasses), and every call on another target or in debug
+eager mode. ``install`` also registers the fallback explicitly for the overloads whose
+CompositeExplicitAutograd kernel would otherwise run on tpu where CPU runs a kernel of its own
+(``composite_shadowed``: nn.LayerNorm is CPU's native_layer_norm, not a batch-norm decomposition).
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from tpusim.backend import debug, kernels, policy, recorder, schema
+from tpusim.backend import costs, debug, kernels, policy, recorder, schema, shim, source
 from tpusim.backend.schema import DEVICE, DTYPE, TENSOR, TENSOR_LIST
 from tpusim.backend.source import user_source
 from tpusim.backend.state import STATE
@@ -257,19 +268,53 @@ _LIBRARIES: list[torch.library.Library] = []
 
 
 def _lookup(name: str) -> torch._ops.OpOverload:
-    base, _, overload = name.removeprefix("aten::").partition(".")
-    return getattr(getattr(torch.ops.aten, base), overload or "default")
+    namespace, _, rest = name.partition("::")
+    base, _, overload = rest.partition(".")
+    return getattr(getattr(getattr(torch.ops, namespace), base), overload or "default")
+
+
+def native_plan(name: str) -> tuple:
+    """What the shim's fallback needs to know about overload ``name`` ("aten::add.Tensor"), asked once:
+    (the OpOverload, its recorded name, whether every call comes here, whether its cost is asked at the op
+    (``costs.reads_arguments``), the indices of the arguments it writes, of its dtype arguments, whether a
+    result may be a view of an argument, whether it draws random numbers, the index of its Generator?
+    argument or -1). Random ops draw from the device's generator as ``_run_random`` does here."""
+    op = _lookup(name)
+    plan = _PLANS.get(op) or _plan(op)
+    facts = schema.facts(op)
+    names = [a.name for a in op._schema.arguments]
+    kinds = [*facts.positional, *((names.index(k), kind) for k, kind in facts.keyword)]
+    python = plan.kernel is not None or not name.startswith("aten::") or any(kind == DEVICE for _, kind in kinds)
+    written = [*facts.written_positions, *(names.index(k) for k in facts.written_keywords)]
+    generator = plan.gen_index if plan.gen_index >= 0 else names.index(plan.gen_name) if plan.gen_name else -1
+    return (op, plan.name, python, costs.reads_arguments(plan.name), written,
+            [i for i, kind in kinds if kind == DTYPE], facts.returns_view, plan.random, generator)
+
+
+def composite_shadowed() -> list[str]:
+    """The aten overloads whose CompositeExplicitAutograd kernel would run on tpu in place of the fallback
+    although CPU has a kernel of its own (native_layer_norm, native_group_norm, addr, _stack, all/any.dims,
+    linalg__powsum in torch 2.13): asked of the dispatcher, so another torch's list is found too."""
+    c, key = torch._C, torch._C.DispatchKey
+    has = c._dispatch_has_kernel_for_dispatch_key
+    return [name for name in c._dispatch_get_all_op_names()
+            if name.startswith("aten::") and has(name, key.CompositeExplicitAutograd) and has(name, key.CPU)
+            and not has(name, key.CompositeImplicitAutograd) and not has(name, key.PrivateUse1)]
 
 
 def install() -> None:
-    """Register the fallback for the PrivateUse1 key, and the hand-written kernels explicitly
+    """Install the shim's fallback for the PrivateUse1 key (with this module's ``fallback`` for the calls it
+    hands over), register it for the ``composite_shadowed`` overloads, and the hand-written kernels explicitly
     (some, like convolution_overrideable, have a composite kernel the fallback would never see)."""
     if _LIBRARIES:
         return
-    lib = torch.library.Library("_", "IMPL")
-    lib.fallback(fallback, "PrivateUse1")
+    module = shim.load()                         # STATE.shim is set once registration is done
+    source.install(module)
+    module.install_fallback(fallback, native_plan, recorder.shaped_cost)
+    module.register_fallback([name.removeprefix("aten::") for name in composite_shadowed()
+                              if name not in kernels.KERNELS])
     impl = torch.library.Library("aten", "IMPL")
     for name in kernels.KERNELS:
         op = _lookup(name)
         impl.impl(op, lambda *a, _op=op, **k: fallback(_op, *a, **k), "PrivateUse1")
-    _LIBRARIES.extend((lib, impl))
+    _LIBRARIES.append(impl)

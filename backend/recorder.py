@@ -23,10 +23,18 @@ program.
 
 Tensor ids: a tensor is identified by (storage id, offset, shape, strides): two Python objects
 viewing the same bytes the same way are the same tensor for dataflow purposes.
+
+Where the work is done: the device logs what happens natively (backend/csrc/record.cpp):
+allocations and frees, the ops its C++ fallback ran (with their tensor metas and source lines),
+copies and host syncs, in order. This module turns that log into records (``_drain``) before it
+appends one of its own, so the trace keeps the order things happened in; costs of ops whose rule
+reads more than their tensors' sizes come with the log (``shaped_cost``, asked at the op).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,13 +42,13 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
-from tpusim.backend import costs, native_hooks, policy
+from tpusim.backend import costs, policy
 from tpusim.backend.program import Program
-from tpusim.backend.source import user_source, user_source_and_print
+from tpusim.backend.source import user_source
 from tpusim.backend.state import STATE
 
 from tpusim import eager
-from tpusim.ops import Family
+from tpusim.ops import Family, family_of
 from tpusim.trace import (
     CollectiveRecord,
     HostRecord,
@@ -54,6 +62,9 @@ from tpusim.trace import (
     renumber,
 )
 
+# kinds of the shim's log entries (backend/csrc/record.cpp record_drain; memory events come as records)
+_OP, _COPY, _HOST = 2, 3, 4
+
 
 @dataclass
 class Recording:
@@ -63,7 +74,8 @@ class Recording:
     records: list[Record] = field(default_factory=list)
     trace: Trace | None = None
     steps: int = 0
-    tensor_ids: dict[tuple, int] = field(default_factory=dict)
+    metas: list[TensorMeta] = field(default_factory=list)   # the shim's tensor metas, by index
+    numels: list[int] = field(default_factory=list)         # their element counts
     lock: threading.Lock = field(default_factory=threading.Lock)
     programs: int = 0               # compiled-program executions recorded (OpRecord.program numbers)
     synthetic_storages: int = 0     # storages of values that never leave a compiled program
@@ -79,26 +91,70 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype)[6:]
 
 
+def _maker(cls: type) -> Callable[..., Record]:
+    """Make records of the frozen dataclass ``cls`` from its field values in order (the rest take their
+    defaults): the same object ``cls(...)`` makes, without the per-field ``object.__setattr__`` a frozen
+    dataclass's __init__ pays (about 4 us an OpRecord: the recorder's largest cost per op). Only for values
+    __post_init__ would keep as they are (an OpRecord's family given)."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    new = object.__new__
+
+    def make(*values: object) -> Record:
+        record = new(cls)
+        fields = record.__dict__
+        fields.update(defaults)
+        fields.update(zip(names, values))
+        return record
+
+    return make
+
+
+_OP_RECORD, _HOST_RECORD = _maker(OpRecord), _maker(HostRecord)
+_UNITS: dict[Family, str] = {}
+_COPY_FAMILY = str(family_of("aten::copy_"))
+
+
+def _add_metas(rec: Recording, new: list[TensorMeta]) -> None:
+    """Tensor metas the shim made since it was last asked (in index order)."""
+    rec.metas += new
+    rec.numels += [math.prod(m.shape) for m in new]
+
+
 def _metas(rec: Recording, tensors: list[torch.Tensor]) -> tuple[TensorMeta, ...]:
     if not tensors:
         return ()
-    sids = STATE.shim.storage_ids(tensors)
-    ids = rec.tensor_ids
-    out = []
-    for t, sid in zip(tensors, sids, strict=True):
-        shape = tuple(t.shape)
-        key = (sid, t.storage_offset(), shape, t.stride())
-        tid = ids.get(key)
-        if tid is None:
-            tid = ids[key] = len(ids) + 1
-        out.append(TensorMeta(tid, shape, _dtype_name(t.dtype), t.numel() * t.element_size(), sid))
-    return tuple(out)
+    new, indices = STATE.shim.record_metas(tensors)
+    _add_metas(rec, new)
+    return tuple(map(rec.metas.__getitem__, indices))
 
 
-def _drain_memory(rec: Recording) -> None:
-    for alloc, storage, nbytes, device in STATE.shim.drain_memory_log():
-        rec.records.append(MemoryRecord(0, "alloc" if alloc else "free", storage, nbytes, rank=0))
-        del device
+def _drain(rec: Recording) -> None:
+    """Turn the shim's log (backend/csrc/record.cpp) into records; call with ``rec.lock`` held."""
+    records = rec.records
+    new, events = STATE.shim.record_drain(len(records))   # memory events come as their records
+    if new:
+        _add_metas(rec, new)
+    meta, numel, counted = rec.metas.__getitem__, rec.numels.__getitem__, costs.counted_cost
+    append, start = records.append, len(records)
+    for event in events:
+        if type(event) is not tuple:
+            append(event)
+            continue
+        kind = event[0]
+        if kind == _OP:
+            _, name, ins, outs, source, cost = event
+            if cost is None:
+                cost = counted(name, tuple(map(numel, ins)), tuple(map(numel, outs)))
+            append(_op_record(name, cost, tuple(map(meta, ins)), tuple(map(meta, outs)), source, 0, len(records)))
+        elif kind == _COPY:
+            _, dtype, (src,), (dst,), source, read, written = event
+            append(_OP_RECORD(len(records), "aten::copy_", "dma", dtype, (meta(src),), (meta(dst),), 0.0, 0.0,
+                              float(read), float(written), None, source, 0, 0, _COPY_FAMILY))
+        else:
+            _, what, reason, nbytes, source = event
+            append(_HOST_RECORD(len(records), what, reason, nbytes, 0.0, source, 0))
+    STATE.shim.record_untrack(records[start:])        # never in a cycle: the garbage collector skips them
 
 
 def _flatten(out: object, acc: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -121,24 +177,33 @@ def record_op(op: object, name: str, inputs: list[torch.Tensor], out: object, ar
         if not any(m is o for o in outs):
             outs.append(m)
     outs = [o for o in outs if o.device.type == "tpu"]
-    try:
-        cost = costs.op_cost(name, inputs, outs, args)
-    except Exception:  # a cost rule must never break the user's program
-        cost = costs.Cost(Family.ELEMENTWISE)
+    cost = shaped_cost(name, inputs, outs, args)
     source = user_source()
     with rec.lock:
-        _drain_memory(rec)
-        rec.records.append(_op_record(name, cost, _metas(rec, inputs), _metas(rec, outs), source))
+        _drain(rec)
+        rec.records.append(_op_record(name, cost, _metas(rec, inputs), _metas(rec, outs), source,
+                                      seq=len(rec.records)))
+
+
+def shaped_cost(name: str, inputs: list[torch.Tensor], outs: list[torch.Tensor], args: tuple) -> costs.Cost:
+    """An op's cost from its device tensors and positional arguments (the shim asks at the op for the ops
+    whose rule reads them, ``costs.reads_arguments``)."""
+    try:
+        return costs.op_cost(name, inputs, outs, args)
+    except Exception:  # a cost rule must never break the user's program
+        return costs.Cost(Family.ELEMENTWISE)
 
 
 def _op_record(name: str, cost: costs.Cost, ins: tuple[TensorMeta, ...], outs: tuple[TensorMeta, ...], source: str,
-               program: int = 0) -> OpRecord:
+               program: int = 0, seq: int = 0) -> OpRecord:
     """An op's record; bytes default to its tensors' sizes where the cost rule leaves them open."""
-    read = cost.bytes_read if cost.bytes_read is not None else sum(m.nbytes for m in ins)
-    written = cost.bytes_written if cost.bytes_written is not None else sum(m.nbytes for m in outs)
+    read = cost.bytes_read if cost.bytes_read is not None else sum([m.nbytes for m in ins])
+    written = cost.bytes_written if cost.bytes_written is not None else sum([m.nbytes for m in outs])
     dtype = cost.dtype or ((outs or ins)[0].dtype if (outs or ins) else "float32")
-    return OpRecord(0, name, cost.unit, dtype, ins, outs, cost.flops, cost.transcendentals, float(read),
-                    float(written), cost.matmul, source, program=program, family=cost.family)
+    family = cost.family
+    unit = _UNITS.get(family) or _UNITS.setdefault(family, cost.unit)
+    return _OP_RECORD(seq, name, unit, dtype, ins, outs, cost.flops, cost.transcendentals, float(read),
+                      float(written), cost.matmul, source, 0, program, family)
 
 
 def record_program(program: Program, inputs: list, outputs: list) -> None:
@@ -151,7 +216,7 @@ def record_program(program: Program, inputs: list, outputs: list) -> None:
         return
     source = user_source()
     with rec.lock:
-        _drain_memory(rec)
+        _drain(rec)
         rec.programs += 1
         real: dict[int, TensorMeta] = {}
         for value, t in (*zip(program.inputs, inputs), *zip(program.outputs, outputs)):
@@ -168,16 +233,18 @@ def record_program(program: Program, inputs: list, outputs: list) -> None:
                 storage[v] = -rec.synthetic_storages
         metas = {v: real.get(v) or _program_meta(rec, program, v, storage[v]) for v in storage}
         allocs, frees = _lifetimes(program, storage)
+        records = rec.records
         for i, op in enumerate(program.ops):
-            rec.records += [MemoryRecord(0, "alloc", s, n) for s, n in allocs.get(i, ())]
-            rec.records.append(_op_record(op.name, op.cost, tuple(metas[v] for v in op.reads),
-                                          tuple(metas[v] for v in op.writes), op.source or source, rec.programs))
-            rec.records += [MemoryRecord(0, "free", s, n) for s, n in frees.get(i, ())]
+            records += [MemoryRecord(len(records) + k, "alloc", s, n) for k, (s, n) in enumerate(allocs.get(i, ()))]
+            records.append(_op_record(op.name, op.cost, tuple(metas[v] for v in op.reads),
+                                      tuple(metas[v] for v in op.writes), op.source or source, rec.programs,
+                                      seq=len(records)))
+            records += [MemoryRecord(len(records) + k, "free", s, n) for k, (s, n) in enumerate(frees.get(i, ()))]
 
 
 def _program_meta(rec: Recording, program: Program, v: int, storage: int) -> TensorMeta:
     value = program.values[v]
-    tid = rec.tensor_ids[("program", rec.programs, v)] = len(rec.tensor_ids) + 1
+    tid = STATE.shim.record_tensor_id()
     return TensorMeta(tid, value.shape, _dtype_name(value.dtype), value.nbytes, storage)
 
 
@@ -204,8 +271,8 @@ def record_host(event: str, reason: str, nbytes: int = 0) -> None:
         return
     source = user_source()
     with rec.lock:
-        _drain_memory(rec)
-        rec.records.append(HostRecord(0, event, reason, nbytes, 0.0, source))
+        _drain(rec)
+        rec.records.append(HostRecord(len(rec.records), event, reason, nbytes, 0.0, source))
 
 
 def record_collective(kind: str, nbytes: int, group: tuple[int, ...], inputs: list[torch.Tensor],
@@ -218,11 +285,11 @@ def record_collective(kind: str, nbytes: int, group: tuple[int, ...], inputs: li
         return
     where = user_source() if source is None else source
     with rec.lock:
-        _drain_memory(rec)
+        _drain(rec)
         ins = _metas(rec, [t for t in inputs if t.device.type == "tpu"])
         outs = _metas(rec, [t for t in outputs if t.device.type == "tpu"])
-        rec.records.append(CollectiveRecord(0, kind, int(nbytes), tuple(group), ins, outs, mesh_axis, reduce_op,
-                                            dtype, async_op, where))
+        rec.records.append(CollectiveRecord(len(rec.records), kind, int(nbytes), tuple(group), ins, outs, mesh_axis,
+                                            reduce_op, dtype, async_op, where))
 
 
 def set_meta(key: str, value: object) -> None:
@@ -232,33 +299,6 @@ def set_meta(key: str, value: object) -> None:
     if rec is not None:
         with rec.lock:
             rec.meta = rec.meta.replace(**{key: value})
-
-
-def _native(kind: str, a: torch.Tensor, b: torch.Tensor | None) -> None:
-    """Hook called by the shim's native kernels (copies, item) while recording."""
-    rec = _ACTIVE
-    if rec is None:
-        return
-    source, printing = user_source_and_print()
-    with rec.lock:
-        _drain_memory(rec)
-        if kind == "item":
-            rec.records.append(HostRecord(0, "sync", "print" if printing else "item", a.element_size(), 0.0,
-                                          source))
-            return
-        assert b is not None
-        size = a.numel() * a.element_size()
-        src_dev, dst_dev = a.device.type == "tpu", b.device.type == "tpu"
-        if src_dev and dst_dev:
-            metas_in, metas_out = _metas(rec, [a]), _metas(rec, [b])
-            rec.records.append(OpRecord(0, "aten::copy_", "dma", _dtype_name(b.dtype), metas_in, metas_out, 0.0,
-                                        0.0, float(size), float(b.numel() * b.element_size()), None, source))
-        elif src_dev:
-            reason = "print" if printing else "cpu"
-            rec.records.append(HostRecord(0, "sync", reason, 0, 0.0, source))
-            rec.records.append(HostRecord(0, "d2h", reason, size, 0.0, source))
-        else:
-            rec.records.append(HostRecord(0, "h2d", "to_device", size, 0.0, source))
 
 
 def add_meta_source(source: Callable[[], dict]) -> None:
@@ -292,9 +332,9 @@ def _mark_step() -> None:
         return
     source = user_source()
     with rec.lock:
-        _drain_memory(rec)
+        _drain(rec)
         rec.steps += 1
-        rec.records.append(StepMarker(0, rec.steps, source))
+        rec.records.append(StepMarker(len(rec.records), rec.steps, source))
 
 
 def _optimizer_hook(optimizer: object, args: object, kwargs: object) -> None:
@@ -306,9 +346,8 @@ def start(meta: dict[str, object] | None = None) -> Recording:
     if _ACTIVE is not None:
         raise RuntimeError("tpusim: a recording is already active; nest no recordings")
     rec = Recording(meta=TraceMeta(eager_mode=eager.get_eager_mode()).replace(**(meta or {})))  # the mode it started in
-    STATE.shim.drain_memory_log()
-    STATE.shim.set_memory_log(True)
-    native_hooks.add(_native)
+    STATE.shim.record_classes(MemoryRecord, TensorMeta)
+    STATE.shim.record_start()
     _HOOK_HANDLE = register_optimizer_step_post_hook(_optimizer_hook)
     _ACTIVE = rec
     STATE.recording = True
@@ -322,9 +361,8 @@ def stop() -> Trace:
         raise RuntimeError("tpusim: no recording is active")
     STATE.recording = False
     with rec.lock:
-        _drain_memory(rec)
-    native_hooks.remove(_native)
-    STATE.shim.set_memory_log(False)
+        _drain(rec)
+    STATE.shim.record_stop()
     if _HOOK_HANDLE is not None:
         _HOOK_HANDLE.remove()
         _HOOK_HANDLE = None
@@ -335,7 +373,9 @@ def stop() -> Trace:
     meta = meta.replace(**rec.meta.set_fields())  # what layers above set wins
     for source in _META_SOURCES:                 # e.g. torch.compile's breaks and recompiles (backend/compile.py)
         meta = meta.replace(**source())
-    rec.trace = Trace(records=renumber(rec.records), world_size=1, rank=0, meta=meta)
+    records = rec.records
+    numbered = all(r.seq == i for i, r in enumerate(records))   # as made: then no copy of each record
+    rec.trace = Trace(records=tuple(records) if numbered else renumber(records), world_size=1, rank=0, meta=meta)
     return rec.trace
 
 

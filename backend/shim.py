@@ -22,7 +22,8 @@ from types import ModuleType
 import torch
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("runtime.cpp", "kernels.cpp", "autocast.cpp", "attention.cpp", "module.cpp")
+SOURCES = ("runtime.cpp", "kernels.cpp", "autocast.cpp", "attention.cpp", "fallback.cpp", "record.cpp",
+           "module.cpp")
 HEADERS = ("tpu_shim.h",)
 
 

@@ -1,8 +1,10 @@
 """The user's source line for a record: the first Python frame outside torch and tpusim.
 
-Cheap by design (a ``sys._getframe`` walk with a per-code-object cache), because it runs for
-every recorded op. Ops issued by the autograd engine's device thread have no user frame; they
-are attributed to the line the main thread is waiting on (the ``loss.backward()`` call).
+Cheap by design, because it runs for every recorded op: once the device is registered the walk
+is the shim's (backend/csrc/record.cpp, which asks ``is_internal_file`` here once per code
+object); before that, a ``sys._getframe`` walk with the same per-code-object cache. Ops issued
+by the autograd engine's device thread have no user frame; they are attributed to the line the
+main thread is waiting on (the ``loss.backward()`` call).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ _INTERNAL_DIRS = (
 _TENSOR_STR = os.path.join(os.path.dirname(torch.__file__), "_tensor_str.py")
 _internal: dict[object, bool] = {}
 _MAIN = threading.main_thread()
+_native = None      # the shim's walk, once installed: () -> (source, printing)
 
 
 def is_internal_file(name: str) -> bool:
@@ -48,8 +51,17 @@ def _walk(frame: object) -> tuple[str, bool]:
     return "", printing
 
 
+def install(shim: object) -> None:
+    """Walk in the shim from now on (backend/fallback.py's install, at registration)."""
+    global _native
+    shim.configure_source(is_internal_file, _TENSOR_STR, _MAIN.ident)
+    _native = shim.user_source
+
+
 def user_source_and_print() -> tuple[str, bool]:
     """("file.py:line", whether the value is being read by print/repr)."""
+    if _native is not None:
+        return _native()
     found, printing = _walk(sys._getframe(1))
     if found or threading.current_thread() is _MAIN:
         return found, printing

@@ -1,9 +1,9 @@
 // Native kernels of the "tpu" device and the host aliases the Python fallback runs ops on.
 //
-// Only what must not go through the boxed fallback lives here: factories (they allocate),
+// Only what must not go through the boxed fallback (fallback.cpp) lives here: factories (they allocate),
 // views and set_ (they must share storage), resize_ (it grows device storage), copies between
 // host and device, _local_scalar_dense (a host sync) and _has_compatible_shallow_copy_type (asked
-// of both the CPU and the tpu tensor, so never a host alias). Everything else is backend/fallback.py.
+// of both the CPU and the tpu tensor, so never a host alias). Everything else is the fallback.
 #include "tpu_shim.h"
 
 #include <ATen/EmptyTensor.h>
@@ -31,9 +31,13 @@ namespace {
 
 constexpr c10::DispatchKeySet kDeviceKeys(c10::DispatchKey::PrivateUse1);
 
+// The native hook's listeners first (the PJRT fused window runs pending work), then the recording log.
 void notify(const char* kind, const at::Tensor& a, const at::Tensor* b) {
   if (g_native_hook_on.load(std::memory_order_relaxed) && g_native_hook) {
     g_native_hook(kind, a, b);
+  }
+  if (g_recording.load(std::memory_order_relaxed)) {
+    log_native(kind, a, b);
   }
 }
 
@@ -236,6 +240,8 @@ void copy_math_bits(const at::Tensor& from, const at::Tensor& to) {
 }
 
 }  // namespace
+
+bool is_host_alias(const c10::StorageImpl* storage) { return alias_ctx(storage) != nullptr; }
 
 [[noreturn]] void shape_only_error(const char* what, const at::Tensor& t) {
   std::ostringstream shape;

@@ -7,6 +7,20 @@
 namespace py = pybind11;
 using namespace tpusim;
 
+namespace tpusim {  // fallback.cpp, record.cpp
+void install_fallback(py::object python_fallback, py::object planner, py::object shaped_cost);
+void register_fallback(const std::vector<std::string>& names);
+void configure_source(py::object is_internal, py::object tensor_str, unsigned long main_ident);
+py::tuple user_source_py();
+void record_start();
+void record_stop();
+py::tuple record_drain(Py_ssize_t seq);
+void record_classes(py::object memory_record, py::object tensor_meta);
+py::tuple record_metas(const std::vector<at::Tensor>& tensors);
+int64_t record_tensor_id();
+void record_untrack(const py::list& objects);
+}  // namespace tpusim
+
 namespace {
 
 void configure(int device_count, int64_t hbm_bytes, bool no_data, const std::string& chip,
@@ -60,14 +74,6 @@ py::dict stats_dict(int device) {
   return d;
 }
 
-py::list drain_log() {
-  py::list out;
-  for (const auto& e : drain_memory_log()) {
-    out.append(py::make_tuple(e.alloc, e.storage, e.bytes, e.device));
-  }
-  return out;
-}
-
 void set_native_hook(py::object fn) {
   if (fn.is_none()) {
     g_native_hook_on = false;
@@ -100,8 +106,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("storage_ids", &storage_ids);
   m.def("stats", &stats_dict);
   m.def("reset_peak", [](int device) { reset_peak(static_cast<c10::DeviceIndex>(device)); });
-  m.def("set_memory_log", &set_memory_log);
-  m.def("drain_memory_log", &drain_log);
+  m.def("install_fallback", &install_fallback);
+  m.def("register_fallback", &register_fallback);
+  m.def("set_fast", &set_fast);
+  m.def("set_meta_cache", &set_meta_cache);
+  m.def("configure_source", &configure_source);
+  m.def("user_source", &user_source_py);
+  m.def("record_start", &record_start);
+  m.def("record_stop", &record_stop);
+  m.def("record_drain", &record_drain);
+  m.def("record_classes", &record_classes);
+  m.def("record_metas", &record_metas);
+  m.def("record_tensor_id", &record_tensor_id);
+  m.def("record_untrack", &record_untrack);
   m.def("set_native_hook", &set_native_hook);
   m.def("device_count", []() { return static_cast<int>(config().device_count); });
   m.def("current_device", []() { return static_cast<int>(current_device()); });

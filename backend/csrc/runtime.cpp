@@ -43,8 +43,6 @@ struct Block {
 std::mutex g_mu;
 std::array<DeviceStats, kMaxDevices> g_stats;
 std::atomic<int64_t> g_next_id{1};
-std::atomic<bool> g_log_on{false};
-std::vector<MemEvent> g_log;
 
 std::string format_size(int64_t bytes) {
   char buf[64];
@@ -74,8 +72,8 @@ void charge(c10::DeviceIndex device, size_t bytes, int64_t id) {
       s.allocations += 1;
       s.allocated_total += bytes;
       s.live_blocks += 1;
-      if (g_log_on.load(std::memory_order_relaxed)) {
-        g_log.push_back({true, id, static_cast<int64_t>(bytes), device});
+      if (g_recording.load(std::memory_order_relaxed)) {
+        log_memory(true, id, static_cast<int64_t>(bytes));
       }
       return;
     }
@@ -97,8 +95,8 @@ void release(const Block* b) {
   s.allocated -= b->bytes;
   s.frees += 1;
   s.live_blocks -= 1;
-  if (g_log_on.load(std::memory_order_relaxed)) {
-    g_log.push_back({false, b->id, static_cast<int64_t>(b->bytes), b->device});
+  if (g_recording.load(std::memory_order_relaxed)) {
+    log_memory(false, b->id, static_cast<int64_t>(b->bytes));
   }
 }
 
@@ -199,21 +197,6 @@ void reset_peak(c10::DeviceIndex device) {
   check_device_index(device);
   std::lock_guard<std::mutex> lock(g_mu);
   g_stats[device].peak = g_stats[device].allocated;
-}
-
-void set_memory_log(bool on) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_log_on = on;
-  if (!on) {
-    g_log.clear();
-  }
-}
-
-std::vector<MemEvent> drain_memory_log() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  std::vector<MemEvent> out;
-  out.swap(g_log);
-  return out;
 }
 
 void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes) {

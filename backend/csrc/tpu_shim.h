@@ -2,12 +2,16 @@
 //
 // runtime.cpp  allocator (simulated HBM, stats, alloc/free log), device guard (devices, streams,
 //              events), hooks (generators, pinned memory, storage resize)
-// kernels.cpp  the native kernels that must not go through the Python fallback
+// kernels.cpp  the native kernels that must not go through the fallback
 //              (factories, views, set_, resize_, copies, _local_scalar_dense) and the
 //              zero-copy host aliases the fallback runs ops on
+// fallback.cpp the boxed fallback every other op runs through (Python only where it must)
+// record.cpp   the recording log: allocations, ops, copies, host syncs, with source lines
 // autocast.cpp autocast for "tpu" (bf16 lower-precision list, fp32 list: the CUDA lists)
 // module.cpp   the Python bindings
 #pragma once
+
+#include <Python.h>
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
@@ -46,16 +50,6 @@ struct DeviceStats {
 DeviceStats stats(c10::DeviceIndex device);
 void reset_peak(c10::DeviceIndex device);
 
-// alloc/free log, drained by the recorder (backend/recorder.py)
-struct MemEvent {
-  bool alloc;
-  int64_t storage;
-  int64_t bytes;
-  int device;
-};
-void set_memory_log(bool on);
-std::vector<MemEvent> drain_memory_log();
-
 c10::Allocator* device_allocator();
 // Unique id of a device storage (never reused); -1 for storages we did not allocate.
 int64_t storage_id(const c10::StorageImpl* storage);
@@ -79,11 +73,25 @@ at::Generator new_generator(c10::DeviceIndex device);
 at::Tensor host_alias(const at::Tensor& t);
 std::vector<at::Tensor> to_device(const std::vector<at::Tensor>& outs, c10::DeviceIndex device);
 void sync_back(const at::Tensor& dst, const at::Tensor& alias);
+bool is_host_alias(const c10::StorageImpl* storage);  // a storage host_alias made (its views too)
 
 // Called by native kernels while recording (copies, item); set by module.cpp.
 using NativeHook = std::function<void(const char* kind, const at::Tensor& a, const at::Tensor* b)>;
 extern std::atomic<bool> g_native_hook_on;
 extern NativeHook g_native_hook;
+
+// The boxed fallback (fallback.cpp)
+void set_fast(bool on);        // the simulator target is held outside debug eager mode: ops may stay in C++
+void set_meta_cache(bool on);  // shape-only mode: reuse an op's result shapes per signature (default on)
+
+// The recording log (record.cpp), drained by backend/recorder.py
+extern std::atomic<bool> g_recording;
+void log_memory(bool alloc, int64_t storage, int64_t bytes);
+void log_native(const char* kind, const at::Tensor& a, const at::Tensor* b);
+// The user's source line (a str, never freed) and whether torch's tensor printing is on the way; GIL held.
+PyObject* user_source(bool* printing);
+void log_op(PyObject* name, const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
+            PyObject* source, PyObject* cost);
 
 [[noreturn]] void shape_only_error(const char* what, const at::Tensor& t);
 

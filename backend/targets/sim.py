@@ -6,13 +6,20 @@ wrong for the device, computes the values in place of a TPU. Nothing is ever pen
 ``flush`` has nothing to do, and the eager mode changes only what the simulator prices
 (tpusim/modes.py), never the numbers. ``run_kernel`` is also how the PJRT target runs the ops
 it keeps on the host.
+
+While it is held outside debug eager mode, the shim's fallback runs the common op itself, in C++
+(backend/csrc/fallback.cpp): the same CPU kernel on the same aliases, without the Python call
+(``set_fast``); debug mode's per-op checks and every other target go through the Python fallback.
 """
 
 from __future__ import annotations
 
 import torch
 from tpusim.backend.fallback import Plan
+from tpusim.backend.state import STATE
 from tpusim.backend.targets.base import Target
+
+from tpusim import eager
 
 
 def run_kernel(op: torch._ops.OpOverload, plan: Plan, host_args: list, host_kwargs: dict) -> object:
@@ -27,6 +34,15 @@ class SimTarget(Target):
 
     def execute(self, op: torch._ops.OpOverload, plan: Plan, host_args: list, host_kwargs: dict) -> object:
         return run_kernel(op, plan, host_args, host_kwargs)
+
+    def activate(self) -> None:
+        STATE.shim.set_fast(eager.get_eager_mode() != "debug")
+
+    def deactivate(self) -> None:
+        STATE.shim.set_fast(False)
+
+    def on_mode_change(self, old: str, new: str) -> None:
+        STATE.shim.set_fast(new != "debug")
 
 
 SIM = SimTarget()

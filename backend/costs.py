@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -85,23 +85,22 @@ def _dot(ins: list, outs: list, args: tuple) -> Cost:
     return Cost(Family.CONTRACTION, 2.0 * k, matmul=(1, 1, k, 1))
 
 
+def _quantized(cost: Cost, a: torch.Tensor, epilogue_flops: float = 0.0) -> Cost:
+    """A plain matmul's cost as a quantized contraction at the MXU rate of its input ``a``'s dtype."""
+    return replace(cost, family=Family.QUANTIZED_CONTRACTION, flops=cost.flops + epilogue_flops,
+                   dtype=str(a.dtype).removeprefix("torch."))
+
+
 def _int_mm(ins: list, outs: list, args: tuple) -> Cost:
     """int8 x int8 -> int32 (``torch._int_mm``): at the chip's int8 MXU rate, not the int32 output's."""
-    a, b = args[0], args[1]
-    m, k = a.shape
-    n = b.shape[1]
-    return Cost(Family.QUANTIZED_CONTRACTION, 2.0 * m * k * n, matmul=(1, m, k, n),
-                dtype=str(a.dtype).removeprefix("torch."))
+    return _quantized(_mm(ins, outs, args), args[0])
 
 
 def _scaled_mm(ins: list, outs: list, args: tuple) -> Cost:
     """fp8 x fp8 with per-tensor or per-row scales (``torch._scaled_mm``): the matmul at the fp8 rate; the
     scaling (and an optional bias) is its epilogue, one multiply-add per output element."""
     a, b = args[0], args[1]
-    m, k = a.shape
-    n = b.shape[1]
-    return Cost(Family.QUANTIZED_CONTRACTION, 2.0 * m * k * n + 2.0 * m * n, matmul=(1, m, k, n),
-                dtype=str(a.dtype).removeprefix("torch."))
+    return _quantized(_mm(ins, outs, args), a, 2.0 * a.shape[0] * b.shape[1])
 
 
 def _weight_only_mm(ins: list, outs: list, args: tuple) -> Cost:

@@ -191,3 +191,41 @@ def test_bad_input_names_the_op():
         kernel_cost(OpRecord(seq=0, op="aten::mm", unit="mxu", dtype="complex64", flops=1.0), chip)
     with pytest.raises(TpusimError, match="must be positive"):
         matmul_padding((1, 0, 8, 8), chip)
+
+
+# ---- matmul shape terms (opt-in calibration terms: topologies/calibration/<chip>.toml) --------------
+
+def shaped_chip(load_cycles=128.0, fill_cycles=256.0):
+    """A 4-MXU chip at 1 GHz whose bf16 peak is one LHS row per MXU per cycle (4 x 2 x 128^2 x 1e9), int8 two."""
+    from tpusim.calibration import CalibratedChip
+    from tpusim.compute import CalibrationTerms
+
+    base = toy_chip(clock_hz=1e9, peak_bf16_flops_per_s=4 * 2 * 128**2 * 1e9,
+                    peak_int8_flops_per_s=2 * 4 * 2 * 128**2 * 1e9, hbm_bytes_per_s=1e15)
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+    return CalibratedChip(**fields, terms=CalibrationTerms(mxu_weight_load_cycles=load_cycles,
+                                                           mxu_fill_drain_cycles=fill_cycles))
+
+
+def test_a_skinny_matmul_waits_for_weights_and_pays_one_fill_and_drain():
+    # m = 8 rows, k = n = 512: 16 weight tiles on 4 MXUs = 4 rounds. Streaming 8 rows is 8 cycles, but each
+    # tile's 128 weight rows take 128: 4 x 128 ns + one 256-cycle fill/drain = 768 ns (the roofline alone: 32 ns).
+    assert kernel_cost(mm(1, 8, 512, 512), shaped_chip()).compute_s == pytest.approx(768e-9)
+    assert kernel_cost(mm(1, 8, 512, 512), shaped_chip(0.0, 0.0)).compute_s == pytest.approx(32e-9)
+
+
+def test_a_tall_matmul_hides_the_weight_loads_and_pays_only_the_bubble():
+    # m = 4096 >= 128: 4 rounds x 4096 cycles + 256 cycles of fill and drain.
+    cost = kernel_cost(mm(1, 4096, 512, 512), shaped_chip())
+    assert cost.compute_s == pytest.approx((4 * 4096 + 256) * 1e-9)
+    assert cost.compute_s / kernel_cost(mm(1, 4096, 512, 512), shaped_chip(0.0, 0.0)).compute_s < 1.02
+
+
+def test_int8_streams_twice_as_fast_so_its_weight_floor_reaches_twice_the_rows():
+    chip = shaped_chip(fill_cycles=0.0)
+    # m = 128: bf16 streams in 128 cycles = the load; int8 would stream in 64 but still waits 128 for weights.
+    assert kernel_cost(mm(1, 128, 512, 512, "int8"), chip).compute_s == pytest.approx(
+        kernel_cost(mm(1, 128, 512, 512), chip).compute_s)
+    # m = 1024: both hide the load and int8 takes half the time.
+    assert kernel_cost(mm(1, 1024, 512, 512, "int8"), chip).compute_s == pytest.approx(
+        kernel_cost(mm(1, 1024, 512, 512), chip).compute_s / 2)

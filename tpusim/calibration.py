@@ -67,6 +67,11 @@ PARAMETERS: dict[str, ParameterKind] = {
         "term", "mxu_efficiency", "achieved share of the MXU peak on matmuls in a compiled program", True),
     "hbm_efficiency": ParameterKind(
         "term", "hbm_efficiency", "achieved share of the HBM bandwidth", True),
+    "mxu_weight_load_cycles": ParameterKind(
+        "term", "mxu_weight_load_cycles", "cycles to load one weight tile into the MXU: the fewest LHS rows "
+        "that hide it (skinny matmuls wait for weights)"),
+    "mxu_fill_drain_cycles": ParameterKind(
+        "term", "mxu_fill_drain_cycles", "cycles the systolic array takes to fill and drain, once per matmul"),
     "ici_link_efficiency": ParameterKind(
         "scale", "ici_link_bytes_per_s", "achieved share of one ICI link's one-way bandwidth in a collective",
         True),

@@ -30,9 +30,21 @@ Adding a unit = one function in ``_UNIT_COST``.
 **Calibration terms (opt-in).** A chip carrying ``CalibrationTerms`` (``tpusim.calibration``
 builds such a chip from ``topologies/calibration/<chip>.toml``; ``tpusim validate`` loads it)
 prices MXU work at ``mxu_efficiency`` x the peak and HBM traffic at ``hbm_efficiency`` x the
-bandwidth: what compiled TPU programs achieve, fitted to published measurements. A plain
-``ChipSpec`` has no terms, so every number above is unchanged (``calibration_terms`` returns
-``NO_TERMS``, both 1.0). Utilisation stays relative to the datasheet peak.
+bandwidth: what compiled TPU programs achieve, fitted to published measurements. Two shape terms
+make the MXU time depend on the matmul's shape beyond tile padding (``mxu_stream_seconds``):
+
+- ``mxu_weight_load_cycles``: a weight tile enters the array while the previous one computes
+  (double buffering), so it is hidden only when the LHS has enough rows; a skinny matmul (few
+  rows: decode, small batches) waits for weights: each tile takes max(rows streamed, load) cycles.
+  At int8 the MXU streams two rows a cycle, so the floor bites at twice as many rows as bf16.
+- ``mxu_fill_drain_cycles``: once per matmul kernel, the systolic array fills before the first
+  result and drains after the last (later tiles stream behind without a bubble).
+
+A plain ``ChipSpec`` has no terms, so every number above is unchanged (``calibration_terms``
+returns ``NO_TERMS``: shares 1.0, cycles 0). Utilisation stays relative to the datasheet peak.
+Achieved HBM bandwidth by access size has no term of its own: the fixed per-kernel cost
+(``kernel_launch_ns``, from linear fits of measured TPU kernels that include their DMA start-up)
+is the size-independent part, so a small access reaches bytes / (bytes / BW + launch).
 """
 
 from __future__ import annotations
@@ -91,8 +103,10 @@ class KernelCost:
 class CalibrationTerms:
     """Opt-in model terms a calibration sets on a chip (module docstring); the defaults change nothing."""
 
-    mxu_efficiency: float = 1.0     # achieved share of the MXU peak (pipeline fill/drain, stalls, layout)
+    mxu_efficiency: float = 1.0     # achieved share of the MXU peak (stalls, layout, scheduling)
     hbm_efficiency: float = 1.0     # achieved share of the HBM bandwidth
+    mxu_weight_load_cycles: float = 0.0   # per weight tile: fewer LHS rows than this wait for weights
+    mxu_fill_drain_cycles: float = 0.0    # per matmul kernel: the systolic array's fill and drain
 
 
 NO_TERMS = CalibrationTerms()
@@ -145,25 +159,32 @@ def matmul_padding(matmul: tuple[int, int, int, int], chip: ChipSpec) -> tuple[i
     return batch, _round_up(m, SUBLANES), _round_up(k, tile), _round_up(n, tile)
 
 
-def _mxu_compute(op: OpRecord, chip: ChipSpec) -> tuple[float, float, str]:
-    """(compute_s, padded_flops, bound) for MXU work.
+def mxu_stream_seconds(matmul: tuple[int, int, int, int], dtype: str, chip: ChipSpec) -> float:
+    """MXU seconds of one matmul (batch, m, k, n) of ``dtype``: its weight tiles spread over the
+    chip's MXUs at ``mxu_efficiency`` x the peak, each tile streaming the padded m rows (or waiting
+    ``mxu_weight_load_cycles`` for its weights when m is shorter), plus one fill and drain of the
+    array (module docstring).
 
-    Work spreads over the chip's MXUs in units of one k x n weight tile; a matmul with
-    fewer tiles than MXUs leaves some idle (e.g. one 128x128 tile uses 1 of v5p's 8).
-    """
-    peak = mxu_peak_flops_per_s(chip, op.dtype)
-    if op.matmul is None:
-        padded, mxu_s = op.flops, op.flops / peak        # convolutions etc.: recorded FLOPs, no tiling info
+    Work spreads over the MXUs in units of one k x n weight tile; a matmul with fewer tiles than
+    MXUs leaves some idle (e.g. one 128x128 tile uses 1 of v5p's 8)."""
+    terms = calibration_terms(chip)
+    batch, m, k, n = matmul_padding(matmul, chip)
+    tiles = batch * (k // chip.mxu_size) * (n // chip.mxu_size)
+    mxus = chip.mxus_per_chip
+    rows_per_s = mxu_peak_flops_per_s(chip, dtype) / mxus / (2.0 * chip.mxu_size ** 2)   # LHS rows one MXU takes
+    tile_s = max(m / rows_per_s, terms.mxu_weight_load_cycles / chip.clock_hz)
+    return math.ceil(tiles / mxus) * tile_s / terms.mxu_efficiency + terms.mxu_fill_drain_cycles / chip.clock_hz
+
+
+def _mxu_compute(op: OpRecord, chip: ChipSpec) -> tuple[float, float, str]:
+    """(compute_s, padded_flops, bound) for MXU work (``mxu_stream_seconds``)."""
+    if op.matmul is None:                                # convolutions etc.: recorded FLOPs, no tiling info
+        padded = op.flops
+        mxu_s = op.flops / mxu_peak_flops_per_s(chip, op.dtype) / calibration_terms(chip).mxu_efficiency
     else:
         batch, m, k, n = matmul_padding(op.matmul, chip)
         padded = 2.0 * batch * m * k * n
-        tiles = batch * (k // chip.mxu_size) * (n // chip.mxu_size)
-        mxus = chip.mxus_per_chip
-        per_tile_s = 2.0 * m * chip.mxu_size ** 2 / (peak / mxus)
-        mxu_s = math.ceil(tiles / mxus) * per_tile_s
-    efficiency = calibration_terms(chip).mxu_efficiency
-    if efficiency != 1.0:
-        mxu_s /= efficiency
+        mxu_s = mxu_stream_seconds(op.matmul, op.dtype, chip)
     trans_s = op.transcendentals / chip.transcendentals_per_s
     return (mxu_s, padded, "mxu") if mxu_s >= trans_s else (trans_s, padded, "transcendental")
 

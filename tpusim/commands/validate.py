@@ -11,7 +11,8 @@ from tpusim.errors import TpusimError
 
 EXAMPLES = """\
 Each case reproduces one published TPU measurement (the scaling book's collective and matmul
-profiles, MaxText's training throughput on v5p and v5e): its source, chip, slice, parallelism and
+profiles, MaxText's training throughput on v5p, v5e and v4, MLPerf v4.0 GPT-3 175B step times on
+v5p): its source, chip, slice, parallelism and
 batch are in `--list` and `--json`. The error is (predicted - published) / published. "held out"
 cases were not used to fit any calibrated parameter of their chip (topologies/calibration/);
 "analytic" rows are the source's own pen-and-paper estimates, reported apart.

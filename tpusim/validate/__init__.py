@@ -5,8 +5,9 @@ batch, precision and remat of the published run, and a predictor that prices the
 
 - ``scaling_book``: collectives and a matmul from the JAX scaling book (C1-C10, V18), priced with
   ``tpusim.collectives.simulate_collective`` / ``tpusim.compute.kernel_cost``;
-- ``maxtext``: MaxText's published training throughput on v5p and v5e (V23, V24), a decoder step
-  built from closed-form layer shapes and priced with ``tpusim.pricing.price`` in fused mode.
+- ``maxtext``: MaxText's published training throughput on v5p, v5e and v4 (V23-V25), and Google's
+  MLPerf Training v4.0 GPT-3 175B runs on 1024-6144 v5p chips (V2-V4, int8), a decoder step built
+  from closed-form layer shapes and priced with ``tpusim.pricing.price`` in fused mode.
 
 ``suite`` runs them against each chip's calibration (``tpusim.calibration``, files in
 ``topologies/calibration/``) and reports the error, held-out error and sensitivities.

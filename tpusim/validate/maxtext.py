@@ -1,10 +1,13 @@
-"""Cases from MaxText's published "Runtime Performance Results": one training step of a decoder LLM.
+"""Cases from MaxText training runs: one training step of a decoder LLM.
 
-Source: the MaxText README (github.com/AI-Hypercomputer/maxtext, formerly google/maxtext), rows
-V23 (v5p), V24 (v5e multislice) and V25 (v4) of ../shared/research/validation-sources.md. Each row gives
-TFLOP/s per chip; MaxText computes it as (its FLOP count of one step per device) / (step time), so
-the step time a row implies is that FLOP count divided by the published rate, with the formula of
-the MaxText commit that published the row (``Decoder.maxtext_tflops``).
+Sources: the MaxText README's "Runtime Performance Results" (github.com/AI-Hypercomputer/maxtext,
+formerly google/maxtext), rows V23 (v5p), V24 (v5e multislice) and V25 (v4) of
+../shared/research/validation-sources.md. Each row gives TFLOP/s per chip; MaxText computes it as (its
+FLOP count of one step per device) / (step time), so the step time a row implies is that FLOP count
+divided by the published rate, with the formula of the MaxText commit that published the row
+(``Decoder.maxtext_tflops``). And Google's MLPerf Training v4.0 GPT-3 175B submissions on v5p (rows
+V2-V4; ``MLPERF_RUNS``), run with MaxText: their MLLOG block times, which include the eval passes
+(priced as forward-only steps, ``step_trace(train=False)``). The 512-chip submission is held out for good.
 
 **What is priced.** Not a recorded PyTorch program: the step is built here from closed-form layer
 shapes (``step_trace``) as the OpRecords / CollectiveRecords the backend would record, one rank's
@@ -30,10 +33,16 @@ one a reading of MaxText's code at that commit and of XLA's behaviour, are:
   it reads; the next layer's weight all-gather is issued one layer ahead; weight-gradient matmuls
   are placed after the activation-gradient collective they can hide. Tensor-parallel all-gathers in
   the forward pass have no independent work beside them and are exposed.
+- **Data parallelism** (MLPerf runs): ``ici_data_parallelism`` is one more torus axis; each gradient
+  shard is all-reduced over it after the fsdp reduce-scatter. **int8** (``quantization=int8``, AQT
+  with int8 forward, dlhs and drhs dots): the projection matmuls run at the int8 MXU rate; logits,
+  embedding and attention stay bf16; the quantize/scale work is taken as fused into the dots.
 - **Remat**: ``minimal`` (jax ``checkpoint_dots_with_no_batch_dims``) saves the projection matmul
   outputs (as the logical, sharded tensors: after the reduce-scatter) and recomputes norms, RoPE,
   attention and the activation function in the backward pass, with the tensor all-gathers that
-  feed the weight-gradient matmuls; ``full`` recomputes the whole layer forward.
+  feed the weight-gradient matmuls; ``full`` recomputes the whole layer forward;
+  ``save_dot_except_logits`` saves the same dots as ``minimal``, and ``save_dot_except_logits_ffn1``
+  recomputes the MLP's first dot as well.
 - **Kernels**: flash attention (2 score-sized matmuls forward, 5 backward, as tpusim's backend
   prices ``scaled_dot_product_attention``): in 2024 the splash kernel with a causal mask in 512 x 512
   blocks, which computes the 10 of 16 blocks on or below the diagonal (0.625 of the scores); in 2023
@@ -82,6 +91,8 @@ class Decoder:
     attention_kept: float = 1.0     # share of the S x S scores the attention kernel computes
     flash: bool = True              # a flash kernel; False: scores and probabilities go through HBM
     tflops_attention: float = 0.5   # MaxText's FLOP count: 0.5 x 12 H L D S^2 B (2024), 1 x (2023-10), 0 (2023-04)
+    quantized: bool = False         # int8 AQT projections (forward, dlhs and drhs dots) at the int8 MXU rate
+    rope: bool = True               # rotary embedding on q and k (GPT-3: learned positions instead)
 
     @classmethod
     def from_scale(cls, scale: int, *, base_emb: int, base_heads: int, base_mlp: int, base_layers: int = 16,
@@ -136,14 +147,24 @@ class Run:
     topology: str                   # the ICI slice tpusim builds, e.g. "3d:4x4x4"
     per_device_batch: int
     tensor: int                     # ici_tensor_parallelism (fsdp = the rest of the slice)
-    remat: str                      # "minimal" or "full"
+    remat: str                      # "minimal", "full", "save_dot_except_logits(_ffn1)" (module docstring)
     tflops_per_chip: float          # published TFLOP/s per chip
     mfu: str                        # published MFU, as printed
     where: str                      # README commit and table row
     config: str                     # config script and commit
     slices: int = 1
+    data: int = 1                   # ici_data_parallelism (a torus axis of its own)
+    step_s: float = 0.0             # a published time per step (MLPerf logs) instead of a TFLOP/s rate
+    eval_steps_per_step: float = 0.0    # forward-only eval steps the published time includes, per train step
+    eval_per_device_batch: int = 1
+    source: str = MAXTEXT
+    published_text: str = ""        # the figure as published, when it is not a TFLOP/s rate
+    conversion_text: str = ""       # how that figure became seconds per step
+    precision: str = "bf16 activations, f32 weights"
 
     def published_step_s(self) -> float:
+        if self.step_s:
+            return self.step_s
         return self.model.maxtext_tflops(self.per_device_batch) / self.tflops_per_chip
 
 
@@ -185,11 +206,13 @@ class _Groups:
     tensor: tuple[int, ...]
     fsdp: tuple[int, ...]
     dcn: tuple[int, ...]
+    data: tuple[int, ...] = (0,)
 
 
-def mesh_groups(topology: str, chip: ChipSpec, tensor: int, slices: int) -> _Groups:
-    """Rank 0's tensor, fsdp and DCN groups: tensor = one torus axis of length ``tensor`` (the first
-    such axis), fsdp = the other axes of slice 0, DCN = rank 0's position in every slice."""
+def mesh_groups(topology: str, chip: ChipSpec, tensor: int, slices: int, data: int = 1) -> _Groups:
+    """Rank 0's tensor, data, fsdp and DCN groups: tensor = one torus axis of length ``tensor`` (the
+    first such axis), data = the next axis of length ``data`` (ici_data_parallelism), fsdp = the other
+    axes of slice 0, DCN = rank 0's position in every slice."""
     slice_ = build_slice(topology, chip=chip)
     dims = slice_.dims
     if tensor == 1:
@@ -198,6 +221,11 @@ def mesh_groups(topology: str, chip: ChipSpec, tensor: int, slices: int) -> _Gro
         t_axis = next((i for i, n in enumerate(dims) if n == tensor), None)
         if t_axis is None:
             raise ValueError(f"no axis of {topology} has length {tensor} for tensor parallelism")
+    d_axis = None
+    if data > 1:
+        d_axis = next((i for i, n in enumerate(dims) if n == data and i != t_axis), None)
+        if d_axis is None:
+            raise ValueError(f"no axis of {topology} besides the tensor axis has length {data} for data parallelism")
     strides = [math.prod(dims[:i]) for i in range(len(dims))]
 
     def line(axes: list[int]) -> tuple[int, ...]:
@@ -206,19 +234,24 @@ def mesh_groups(topology: str, chip: ChipSpec, tensor: int, slices: int) -> _Gro
             ranks = [r + k * strides[a] for k in range(dims[a]) for r in ranks]
         return tuple(sorted(ranks))
 
-    others = [i for i in range(len(dims)) if i != t_axis and dims[i] > 1]
+    others = [i for i in range(len(dims)) if i not in (t_axis, d_axis) and dims[i] > 1]
     per_slice = math.prod(dims)
     return _Groups(tensor=line([t_axis]) if t_axis is not None else (0,), fsdp=line(others),
-                   dcn=tuple(s * per_slice for s in range(slices)))
+                   dcn=tuple(s * per_slice for s in range(slices)),
+                   data=line([d_axis]) if d_axis is not None else (0,))
 
 
-def step_trace(run: Run, chip: ChipSpec, steps: int = 2) -> Trace:
-    """``steps`` training steps of ``run`` as rank 0 records them (module docstring: modelling choices)."""
+PROJECTIONS = ("qkv_proj", "out_proj", "mlp_wi", "mlp_wo")     # the dots int8 AQT quantizes (not logits, embedding)
+
+
+def step_trace(run: Run, chip: ChipSpec, steps: int = 2, train: bool = True) -> Trace:
+    """``steps`` training steps of ``run`` as rank 0 records them (module docstring: modelling choices);
+    ``train=False``: forward-only eval steps at ``run.eval_per_device_batch``."""
     model, T, S = run.model, run.tensor, run.model.seq
-    groups = mesh_groups(run.topology, chip, T, run.slices)
+    groups = mesh_groups(run.topology, chip, T, run.slices, run.data)
     F = len(groups.fsdp)
-    world = F * T * run.slices
-    B = run.per_device_batch * T              # sequences a tensor-parallel group works on
+    world = F * T * len(groups.data) * run.slices
+    B = (run.per_device_batch if train else run.eval_per_device_batch) * T   # sequences a tensor group works on
     m = B * S                                 # tokens in every matmul
     E, Q, Fm, V = model.emb, model.qdim // T, model.mlp // T, model.vocab // T
     H = model.heads // T
@@ -255,8 +288,13 @@ def step_trace(run: Run, chip: ChipSpec, steps: int = 2) -> Trace:
     def mm(name: str, x: TensorMeta, w: TensorMeta, mkn: tuple[int, int, int], out_item: int = BF16) -> TensorMeta:
         mm_m, mm_k, mm_n = mkn
         out = b.tensor((mm_m, mm_n), out_item)
-        b.op(name, Family.CONTRACTION, (x, w), (out,), flops=2.0 * mm_m * mm_k * mm_n, matmul=(1, mm_m, mm_k, mm_n))
+        int8 = model.quantized and any(p in name for p in PROJECTIONS)
+        b.op(name, Family.CONTRACTION, (x, w), (out,), flops=2.0 * mm_m * mm_k * mm_n, matmul=(1, mm_m, mm_k, mm_n),
+             dtype="int8" if int8 else "bfloat16")
         return out
+
+    def rope(name: str, x: TensorMeta) -> TensorMeta:
+        return elementwise(name, (x,), (m, qkv), 2.0) if model.rope else x
 
     def dw(name: str, x: TensorMeta, d: TensorMeta, mkn: tuple[int, int, int]) -> None:
         """A weight-gradient matmul, placed after the next collective it can hide (module docstring)."""
@@ -327,7 +365,7 @@ def step_trace(run: Run, chip: ChipSpec, steps: int = 2) -> Trace:
         ln1 = elementwise(f"{tag}rmsnorm", (x,), act, 4.0, 1.0 / E, Family.REDUCTION)
         ln1g = tp_ag(ln1, f"{tag}tp all-gather (attention input)")
         qkv_out = mm(f"{tag}qkv_proj", ln1g, w, (m, E, qkv))
-        qkv_r = elementwise(f"{tag}rope", (qkv_out,), (m, qkv), 2.0)
+        qkv_r = rope(f"{tag}rope", qkv_out)
         att = attention_forward(tag, qkv_r)
         attn_p = mm(f"{tag}out_proj", att["o"], w, (m, Q, E))
         attn = tp_rs(attn_p, f"{tag}tp reduce-scatter (attention output)")
@@ -349,14 +387,15 @@ def step_trace(run: Run, chip: ChipSpec, steps: int = 2) -> Trace:
         act = (B, S, E // T)
         ln1 = elementwise("remat:rmsnorm", (x,), act, 4.0, 1.0 / E, Family.REDUCTION)
         ln1g = tp_ag(ln1, "remat: tp all-gather (attention input)")
-        qkv_r = elementwise("remat:rope", (saved["qkv"],), (m, qkv), 2.0)
+        qkv_r = rope("remat:rope", saved["qkv"])
         att = attention_forward("remat:", qkv_r)
         h1 = elementwise("remat:residual_rmsnorm", (x, saved["attn"]), act, 5.0, 1.0 / E, Family.REDUCTION)
         ln2 = elementwise("remat:rmsnorm_out", (h1,), act, 1.0)
         ln2g = tp_ag(ln2, "remat: tp all-gather (mlp input)")
-        a = elementwise("remat:activation", (saved["g"],), (m, Fm), 5.0, 1.0)
-        return {"x": x, "ln1g": ln1g, "qkv_r": qkv_r, **att, "h1": h1, "ln2g": ln2g,
-                "g": saved["g"], "a": a}
+        # save_dot_except_logits_ffn1 saves the projections but not the MLP's first dot: recompute it
+        g = mm("remat:mlp_wi", ln2g, w, (m, E, wi)) if run.remat == "save_dot_except_logits_ffn1" else saved["g"]
+        a = elementwise("remat:activation", (g,), (m, Fm), 5.0, 1.0)
+        return {"x": x, "ln1g": ln1g, "qkv_r": qkv_r, **att, "h1": h1, "ln2g": ln2g, "g": g, "a": a}
 
     def layer_backward(d_out: TensorMeta, w: TensorMeta, r: dict[str, TensorMeta]) -> TensorMeta:
         act = (B, S, E // T)
@@ -372,17 +411,22 @@ def step_trace(run: Run, chip: ChipSpec, steps: int = 2) -> Trace:
         d_o = mm("bwd:out_proj_dx", d_attn, w, (m, E, Q))
         dw("bwd:out_proj_dw", r["o"], d_attn, (Q, m, E))
         d_qkv_r = attention_backward(r, d_o)
-        d_qkv = elementwise("bwd:rope", (d_qkv_r,), (m, qkv), 2.0)
+        d_qkv = rope("bwd:rope", d_qkv_r)
         d_ln1p = mm("bwd:qkv_proj_dx", d_qkv, w, (m, qkv, E))
         dw("bwd:qkv_proj_dw", r["ln1g"], d_qkv, (E, m, qkv))
         d_ln1 = tp_rs(d_ln1p, "bwd: tp reduce-scatter (attention input grad)")
         return elementwise("bwd:rmsnorm_residual_in", (d_ln1, r["x"], d_h1), act, 8.0, 0.0, Family.REDUCTION)
 
     def gradient_reduce(size: int, what: str) -> None:
-        """Reduce-scatter a weight gradient over fsdp, then all-reduce its shard over DCN (several slices)."""
+        """Reduce-scatter a weight gradient over fsdp, then all-reduce its shard over the data axis (ICI) and
+        over DCN (several slices)."""
         flush_dw()
         grad = b.tensor((size,))
         shard = rs(grad, groups.fsdp, (size // F,), f"{what}: fsdp reduce-scatter")
+        if len(groups.data) > 1:
+            reduced = b.tensor((size // F,))
+            b.collective("all_reduce", shard.nbytes, groups.data, (shard,), (reduced,), f"{what}: data all-reduce")
+            shard = reduced
         if len(groups.dcn) > 1:
             out = b.tensor((size // F,))
             b.collective("all_reduce", shard.nbytes, groups.dcn, (shard,), (out,), f"{what}: dcn all-reduce")
@@ -410,6 +454,9 @@ def step_trace(run: Run, chip: ChipSpec, steps: int = 2) -> Trace:
         lnfg = tp_ag(lnf, "logits: tp all-gather")
         logits = mm("logits", lnfg, logits_w, (m, E, V), out_item=F32)
         loss_grad = elementwise("softmax_cross_entropy", (logits,), (m, V), 6.0, 1.0, Family.REDUCTION, F32)
+        if not train:                         # an eval step: the loss, no backward pass, no update
+            b.records.append(StepMarker(seq=len(b.records), step=step))
+            continue
         d_lnfg = mm("bwd:logits_dx", loss_grad, logits_w, (m, V, E))
         dw("bwd:logits_dw", lnfg, loss_grad, (E, m, V))
         d_lnf = tp_rs(d_lnfg, "bwd: tp reduce-scatter (logits input grad)")
@@ -477,38 +524,51 @@ def predictor(run: Run):
         timeline = price(trace, topology=slice_, mode="fused")
         step = timeline.steps[-1]
         parts = breakdown(timeline, step.start_s, step.end_s)
+        seconds = step.seconds
         model = run.model
         flops = model.maxtext_tflops(run.per_device_batch) * 1e12
-        notes = (f"{run.model_label}: emb {model.emb}, {model.heads} heads x {model.head_dim}, mlp {model.mlp}, "
-                 f"{model.layers} layers, vocab {model.vocab}; {model.params / 1e9:.2f}B parameters",
+        fsdp = slice_.num_chips // (run.tensor * run.data)
+        notes = [f"{run.model_label}: emb {model.emb}, {model.heads} heads x {model.head_dim}, mlp {model.mlp}, "
+                 f"{model.layers} layers, vocab {model.vocab}; {model.params / 1e9:.2f}B parameters"
+                 + ("; int8 AQT projections" if model.quantized else ""),
                  f"{run.accelerator} = {slice_.spec}" + (f" x {run.slices} slices over DCN" if run.slices > 1 else "")
-                 + f"; fsdp {slice_.num_chips // run.tensor} x tensor {run.tensor}; per-device batch "
+                 + (f"; data {run.data}" if run.data > 1 else "")
+                 + f"; fsdp {fsdp} x tensor {run.tensor}; per-device batch "
                  f"{run.per_device_batch} x {model.seq} tokens; remat {run.remat}",
                  f"priced: {sum(isinstance(r, OpRecord) for r in trace.records) // 2} ops and "
                  f"{sum(isinstance(r, CollectiveRecord) for r in trace.records) // 2} collectives per step, fused "
                  f"mode; second of two steps",
-                 f"predicted MFU {flops / step.seconds / chip.peak_bf16_flops_per_s:.1%} "
-                 f"({flops / step.seconds / 1e12:.1f} TFLOP/s/chip by MaxText's count)")
-        return Prediction(step.seconds, parts, notes)
+                 f"predicted MFU {flops / step.seconds / chip.peak_bf16_flops_per_s:.1%} of the bf16 peak "
+                 f"({flops / step.seconds / 1e12:.1f} TFLOP/s/chip by MaxText's count, training step alone)"]
+        if run.eval_steps_per_step:
+            # the published time per step includes the eval passes run between training blocks
+            evals = price(step_trace(run, chip, train=False), topology=slice_, mode="fused").steps[-1].seconds
+            parts[f"eval forward passes ({run.eval_steps_per_step:g} per step)"] = run.eval_steps_per_step * evals
+            seconds += run.eval_steps_per_step * evals
+            notes.append(f"training step {step.seconds:.3f} s + {run.eval_steps_per_step:g} x eval step {evals:.3f} s "
+                         f"(forward only, per-device batch {run.eval_per_device_batch})")
+        return Prediction(seconds, parts, tuple(notes))
 
     return predict
 
 
 def case(run: Run, *, slow: bool) -> Case:
-    setup = (f"{run.model_label} ({run.model.params / 1e9:.1f}B params), fsdp x tensor {run.tensor}"
+    setup = (f"{run.model_label} ({run.model.params / 1e9:.1f}B params), "
+             + (f"data {run.data} x " if run.data > 1 else "") + f"fsdp x tensor {run.tensor}"
              + (f", DCN data parallel x {run.slices}" if run.slices > 1 else "")
-             + f"; per-device batch {run.per_device_batch} x seq {run.model.seq}; bf16 activations, f32 weights; "
+             + f"; per-device batch {run.per_device_batch} x seq {run.model.seq}; {run.precision}; "
              f"remat {run.remat}; flash attention")
+    where = "MLPerf" if run.step_s else "MaxText"
     return Case(
         name=run.name, kind="measured",
-        title=f"MaxText {run.model_label} training step on {run.slices} x {run.accelerator}"
-        if run.slices > 1 else f"MaxText {run.model_label} training step on {run.accelerator}",
+        title=f"{where} {run.model_label} training step on {run.slices} x {run.accelerator}"
+        if run.slices > 1 else f"{where} {run.model_label} training step on {run.accelerator}",
         chip=run.chip, slice=run.topology + (f" x {run.slices} slices over DCN" if run.slices > 1 else ""),
-        setup=setup, published=f"{run.tflops_per_chip:g} TFLOP/s/chip ({run.mfu} MFU)",
+        setup=setup, published=run.published_text or f"{run.tflops_per_chip:g} TFLOP/s/chip ({run.mfu} MFU)",
         published_s=run.published_step_s(),
-        conversion=f"step = MaxText's TFLOPs per device per step "
+        conversion=run.conversion_text or f"step = MaxText's TFLOPs per device per step "
                    f"({run.model.maxtext_tflops(run.per_device_batch):.1f}) / {run.tflops_per_chip:g} TFLOP/s",
-        source=MAXTEXT, where=f"{run.where}; config {run.config}", predict=predictor(run),
+        source=run.source, where=f"{run.where}; config {run.config}", predict=predictor(run),
         model="closed-form decoder step (tpusim/validate/maxtext.py docstring), fused mode", slow=slow)
 
 
@@ -583,6 +643,48 @@ RUNS: tuple[Run, ...] = (
     *(_v4("52B", V4_52B, "v4-384", "3d:4x4x12", n, 10, t, mfu, config) for n, t, mfu, config in
       ((1, 154, "56.0%", "1xv4-384.sh"), (2, 162, "58.9%", "2xv4-384.sh"))),
 )
+
+# MLPerf Training v4.0, Google's closed GPT-3 175B submissions (MaxText @ f586e43, model gpt3-175b.yml:
+# emb 12288, 96 heads x 128, mlp 49152 gelu, 96 layers, vocab 50304 tied, learned positions; int8 AQT on
+# every projection dot, forward and both backward dots, quantization_local_shard_count -1). The published
+# figure is the MLLOG: block_start/block_stop every 24576 sequences (12 steps at GBS 2048, 8 at 3072), and
+# each block includes the eval of 24567 sequences at eval_per_device_batch 1 (no eval_start/stop events
+# split them), so the case prices the training step plus the eval forward steps a block holds, per step.
+# The 512-chip (v5p-1024, one 8x8x8 slice) submission is held out for good and is not a case.
+GPT3_175B = Decoder(emb=12288, heads=96, head_dim=128, mlp=49152, layers=96, vocab=50304, mlp_matrices_in=1,
+                    tied_logits=True, seq=2048, attention_kept=10 / 16, tflops_attention=0.5, quantized=True,
+                    rope=False)
+MLPERF_V40 = "https://github.com/mlcommons/training_results_v4.0"
+
+
+def _mlperf_gpt3(accelerator: str, topology: str, chips: int, gbs: int, data: int, fsdp: int, step_s: float,
+                 ttt: str, remat: str = "save_dot_except_logits_ffn1") -> Run:
+    steps_per_block = 24576 // gbs
+    eval_steps = math.ceil(24567 / chips)            # eval_per_device_batch 1: one sequence per chip per step
+    return Run(
+        name=f"mlperf-v4.0-gpt3-175b-{accelerator}", model_label="GPT-3 175B", model=GPT3_175B, chip="v5p",
+        accelerator=accelerator, topology=topology, per_device_batch=gbs // chips, tensor=8, data=data,
+        remat=remat, tflops_per_chip=0.0, mfu="",
+        where=f"Google/results/cloud-tpu-{accelerator}-maxtext/gpt3/result_*.txt (MLLOG block_stop intervals; "
+              f"{ttt})",
+        config=f"Google/benchmarks/gpt3/implementations/maxtext/{accelerator}.sh (ici_data_parallelism={data} "
+               f"ici_fsdp_parallelism={fsdp} ici_tensor_parallelism=8, per_device_batch_size={gbs // chips}, "
+               f"remat_policy={remat}, attention=flash, quantization=int8; MaxText f586e43)",
+        step_s=step_s, eval_steps_per_step=eval_steps / steps_per_block, source=MLPERF_V40,
+        published_text=f"{step_s:g} s per training step, eval included (median block time / {steps_per_block} "
+                       f"steps)",
+        conversion_text=f"a block of {steps_per_block} steps (24576 sequences at GBS {gbs}) and {eval_steps} eval "
+                        f"steps (24567 sequences, 1 per chip) per {steps_per_block} steps",
+        precision="int8 AQT projections, bf16 activations, f32 weights")
+
+
+MLPERF_RUNS: tuple[Run, ...] = (
+    _mlperf_gpt3("v5p-2048", "3d:8x8x16", 1024, 2048, 8, 16, 11.81, "TTT about 57 min"),
+    _mlperf_gpt3("v5p-3072", "3d:8x12x16", 1536, 3072, 12, 16, 11.95, "TTT 38.5-39.4 min"),
+    _mlperf_gpt3("v5p-12288", "3d:8x16x48", 6144, 6144, 16, 48, 5.97, "TTT 12.17-12.49 min",
+                 remat="save_dot_except_logits"),
+)
+RUNS = RUNS + MLPERF_RUNS
 
 FAST_RUNS = frozenset({"maxtext-v5p-32b-v5p-128"})
 CASES: tuple[Case, ...] = tuple(case(run, slow=run.name not in FAST_RUNS) for run in RUNS)

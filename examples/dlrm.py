@@ -14,6 +14,8 @@ class DLRM(nn.Module):
     def __init__(self, tables: int, rows: int, dim: int, dense_features: int) -> None:
         super().__init__()
         self.embeddings = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum") for _ in range(tables))
+        for bag in self.embeddings:     # DLRM's own init, U(-1/sqrt(rows), 1/sqrt(rows)): torch's N(0, 1) rows
+            nn.init.uniform_(bag.weight, -rows ** -0.5, rows ** -0.5)   # summed 16 at a time blow the loss up
         self.bottom = nn.Sequential(nn.Linear(dense_features, dim), nn.ReLU())
         interactions = (tables + 1) * (tables + 2) // 2
         self.top = nn.Sequential(nn.Linear(interactions + dim, 256), nn.ReLU(), nn.Linear(256, 1))

@@ -3,8 +3,11 @@
 Plain torch.distributed, written for torchrun; on the simulated slice:
 
     python -m tpusim run examples/fsdp_tp_gpt.py --topology 2d:2x2                 # 4 processes, exact
-    python -m tpusim run examples/fsdp_tp_gpt.py --topology 3d:8x8x8 --numerics off \\
-        --compare-placements -- --layers 4 --d-model 4096 --heads 32 --tp 8         # rank 0 of 512, priced
+    python -m tpusim run examples/fsdp_tp_gpt.py --topology 3d:8x8x8 --mode all --numerics off \\
+        --tokens-per-step 524288 -- --layers 4 --d-model 4096 --heads 32 --seq 2048 --batch 4 --steps 4 \\
+        --vocab 32000 --dtype bfloat16                                              # rank 0 of 512, priced
+
+(524288 tokens per step = 4 sequences per fsdp rank x 64 fsdp ranks x 2048 tokens.)
 
 Tensor parallelism (Megatron style): q, k, v and the first MLP layer are column-parallel, the
 attention output and the second MLP layer row-parallel, over mesh dim "tp"; every block and the
@@ -74,6 +77,8 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="parameter and activation dtype (bfloat16: what TPU training runs at its MXU peak)")
     parser.add_argument("--tp", type=int, default=0,
                         help="tensor-parallel degree, the innermost mesh dim (default: 8, one torus axis of a "
                              "big slice, or 2 on small worlds)")
@@ -86,7 +91,7 @@ def main() -> None:
     mesh = init_device_mesh("tpu", (world // tp, tp), mesh_dim_names=("fsdp", "tp"))
 
     torch.manual_seed(0)
-    model = GPT(args.vocab, args.d_model, args.heads, args.layers, args.seq).to("tpu")
+    model = GPT(args.vocab, args.d_model, args.heads, args.layers, args.seq).to("tpu", getattr(torch, args.dtype))
     for block in model.blocks:
         parallelize_module(block, mesh["tp"], TP_PLAN)
         fully_shard(block, mesh=mesh["fsdp"])
@@ -99,7 +104,7 @@ def main() -> None:
     for step in range(args.steps):
         tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=generator).to("tpu")
         logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
+        loss = F.cross_entropy(logits.reshape(-1, args.vocab).float(), tokens[:, 1:].reshape(-1))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

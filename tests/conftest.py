@@ -18,7 +18,8 @@ import pytest
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))  # tests/factories.py
 
-GROUP_BY_FOLDER = {"backend": "device", "pjrt": "jax", "distributed": "distributed", "tpu": "accelerator"}
+GROUP_BY_FOLDER = {"backend": "device", "pjrt": "jax", "distributed": "distributed", "tpu": "accelerator",
+                   "report": "sim"}
 DEVICE_FILES = {"test_run.py", "test_notebook.py", "test_packaging.py",
                 "test_run_outcomes.py"}   # top-level tests that run the device
 

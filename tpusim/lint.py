@@ -46,18 +46,40 @@ def float64_use(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list
     return findings
 
 
+def step_of_records(trace: Trace) -> list[int | None]:
+    """Each record's step in its own rank's program (records before the rank's k-th StepMarker are step k);
+    None after the rank's last marker (eval, torch.save, printing results: code after the training loop)."""
+    last_marker: dict[int, int] = {}
+    for i, record in enumerate(trace.records):
+        if isinstance(record, StepMarker):
+            last_marker[record.rank] = i
+    steps: list[int | None] = []
+    step: Counter[int] = Counter()
+    for i, record in enumerate(trace.records):
+        rank = record.rank
+        steps.append(step[rank] if i < last_marker.get(rank, -1) else None)
+        if isinstance(record, StepMarker):
+            step[rank] += 1
+    return steps
+
+
 def syncs_in_step_loop(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
     """A host sync (.item(), .cpu(), print of a value) inside the training loop stalls the host every
-    step: the device queue drains and the host cannot run ahead."""
-    seen_step = False
-    found: Counter[tuple[str, str]] = Counter()
-    for record in trace.records:
-        if isinstance(record, StepMarker):
-            seen_step = True
-        elif seen_step and isinstance(record, HostRecord) and record.event in ("sync", "d2h"):
-            found[(record.reason or record.event, record.source)] += 1
-    return [(f"host sync `{reason}` inside the step loop ({n}x): the host waits for the device each time; "
-             f"move it out of the loop or log less often", source) for (reason, source), n in sorted(found.items())]
+    step: the device queue drains and the host cannot run ahead. Inside the loop means: the same sync (reason
+    and line) recurs in two or more steps. A sync that runs once before the loop (a DDP constructor's
+    broadcast) or after the last step (an eval pass, torch.save) is not flagged."""
+    steps_of: dict[tuple[str, str], set[int]] = {}
+    count: Counter[tuple[str, str]] = Counter()
+    first_rank = min((r.rank for r in trace.records), default=0)    # --ranks all: every rank ran the loop
+    for record, step in zip(trace.records, step_of_records(trace)):
+        if (step is not None and record.rank == first_rank and isinstance(record, HostRecord)
+                and record.event in ("sync", "d2h")):
+            key = (record.reason or record.event, record.source)
+            steps_of.setdefault(key, set()).add(step)
+            count[key] += 1
+    return [(f"host sync `{reason}` inside the step loop ({count[(reason, source)]}x in {len(steps)} steps): the "
+             f"host waits for the device each time; move it out of the loop or log less often", source)
+            for (reason, source), steps in sorted(steps_of.items()) if len(steps) >= 2]
 
 
 def mxu_tile_waste(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
@@ -86,8 +108,17 @@ def mxu_tile_waste(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> l
         short = " and ".join(f"{dim}={size}" for dim, size in (("k", k), ("n", n)) if size % chip.mxu_size)
         findings.append((f"{name} with (batch, m, k, n) = {shape} ({share / total:.0%} of matmul FLOPs): {short} "
                          f"not a multiple of the {chip.mxu_size}-wide MXU, so {1 - useful:.0%} of its MXU work "
-                         f"is padding (a head dim of 64 wastes half)", sources[(name, shape)]))
+                         f"is padding{_padding_hint(name, k, n, chip)}", sources[(name, shape)]))
     return findings
+
+
+def _padding_hint(op: str, k: int, n: int, chip: ChipSpec) -> str:
+    """The attention head-dim hint, only where it applies: an attention-family op, or a bmm with a dimension
+    of half the MXU (what a head dim of 64 gives on a 128-wide MXU)."""
+    half = chip.mxu_size // 2
+    if "attention" in op or ("bmm" in op and half in (k, n)):
+        return f" (a head dim of {half} wastes half of a {chip.mxu_size}-wide MXU)"
+    return ""
 
 
 def hbm_near_capacity(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
@@ -98,16 +129,27 @@ def hbm_near_capacity(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -
 
 
 def recompilations(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
-    """Shapes that change from step to step recompile the same code (the classic PyTorch/XLA pain)."""
+    """Shapes that change from step to step recompile the same code (the classic PyTorch/XLA pain). Counted
+    only inside the step loop (an eval pass after it compiles its own shapes once, as it should) and only
+    where the same op at that line changed a size (the same tensor ranks): a pairing of two unrelated ops
+    that share a position, ``aten::copy_ (144,) -> (256,16,48)``, is no recompile of one op."""
     stats = timeline.meta.get("compile_cache") if timeline is not None else None
     if stats is None:
         return []
+    step_of = {r.seq: step for r, step in zip(trace.records, step_of_records(trace)) if hasattr(r, "seq")}
     found: dict[str, list] = {}
     for recompile in stats.recompiles:
+        if step_of.get(recompile.seq) is None or not _same_ranks(recompile.old_shapes, recompile.new_shapes):
+            continue
         found.setdefault(recompile.source, []).append(recompile)
     return [(f"{len(items)} recompilation(s) of {items[0].op}: shapes changed from {items[0].old_shapes} to "
              f"{items[0].new_shapes}; pad or bucket them to a few fixed shapes", source)
             for source, items in sorted(found.items())]
+
+
+def _same_ranks(old: tuple, new: tuple) -> bool:
+    """Two shape lists of the same tensors: as many tensors, each of the same rank."""
+    return len(old) == len(new) and all(len(a) == len(b) for a, b in zip(old, new))
 
 
 def communication_bound(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:

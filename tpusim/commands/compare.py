@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from tpusim.errors import TpusimError
-from tpusim.units import format_bytes, format_seconds
+from tpusim.report.text import percent_text, resolved, seconds_text
+from tpusim.units import format_bytes
 
 EXAMPLES = """\
 examples:
@@ -23,12 +24,12 @@ examples:
 """
 
 METRICS = (
-    ("step time (median)", lambda m: m["step_time_median_s"], format_seconds),
-    ("whole program", lambda m: m["total_s"], format_seconds),
+    ("step time (median)", lambda m: m["step_time_median_s"], seconds_text),
+    ("whole program", lambda m: m["total_s"], seconds_text),
     ("kernels", lambda m: m["kernels"], str),
-    ("host stall", lambda m: m["host_s"]["stall"], format_seconds),
-    ("collectives exposed", lambda m: m["device_s"]["collective_exposed"], format_seconds),
-    ("MFU", lambda m: m["mfu"], lambda v: f"{v:.1%}"),
+    ("host stall", lambda m: m["host_s"]["stall"], seconds_text),
+    ("collectives exposed", lambda m: m["device_s"]["collective_exposed"], seconds_text),
+    ("MFU", lambda m: m["mfu"], percent_text),
     ("HBM peak", lambda m: m["hbm"]["peak_bytes"], format_bytes),
 )
 
@@ -38,7 +39,7 @@ def add_parser(subparsers) -> None:
 
     parser = subparsers.add_parser(
         "compare", help="compare two reports, or re-price one report's program on another slice/chip/mode",
-        description=__doc__, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__.replace("``", ""), epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("a", metavar="A", help="report folder (or its report.json)")
     parser.add_argument("b", metavar="B", nargs="?", help="second report folder; omit to re-price A")
     parser.add_argument("--topology", metavar="SPEC", help="re-price A on this slice, e.g. 3d:4x4x8")
@@ -77,7 +78,8 @@ def reprice(folder: Path, report: dict[str, Any], topology: str | None, chip: st
     names = resolve_modes(modes) if modes else list(report["modes"]) or [DEFAULT_MODE]
     timelines = {mode: price(trace, topology=slice_, mode=mode) for mode in names}
     info = RunInfo(script=report["run"]["script"], argv=tuple(report["run"]["argv"]), topology=slice_.spec,
-                   numerics=report["run"]["numerics"], torch_version=report["run"]["torch_version"])
+                   numerics=report["run"]["numerics"], torch_version=report["run"]["torch_version"],
+                   tokens_per_step=report["run"].get("tokens_per_step"))
     return build_report(info, trace, slice_, timelines, lint(trace, slice_.chip, timelines[names[-1]]))
 
 
@@ -98,6 +100,10 @@ def notes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     elif argv_a != argv_b:
         found.append(f"A and B ran {script_a} with different arguments (A: {' '.join(argv_a) or 'none'}, "
                      f"B: {' '.join(argv_b) or 'none'})")
+    if (a["run"]["chip"], a["slice"]["dims"]) != (b["run"]["chip"], b["slice"]["dims"]):
+        found.append(f"A and B priced different slices (A: {a['run']['topology']} of {a['run']['chip']}, "
+                     f"B: {b['run']['topology']} of {b['run']['chip']}): the ratios include the change of chip "
+                     f"and torus shape, not only the program")
     for name, report in (("A", a), ("B", b)):
         reason = incomplete_reason(report)
         if reason:
@@ -115,8 +121,15 @@ def comparison(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
         for name, get, fmt in METRICS:
             va, vb = get(a["modes"][mode_a]), get(b["modes"][mode_b])
             rows.append({"mode": mode_a if mode_a == mode_b else f"{mode_a} vs {mode_b}", "metric": name,
-                         "a": va, "b": vb, "ratio": vb / va if va else None, "a_text": fmt(va), "b_text": fmt(vb)})
+                         "a": va, "b": vb, "ratio": _ratio(va, vb), "a_text": fmt(va), "b_text": fmt(vb)})
     return rows
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    """b / a, or None when either is missing or below the simulator's resolution (0.0% vs 0.0% is no 41.6x)."""
+    if a is None or b is None or resolved(a) == 0.0 or resolved(b) == 0.0:
+        return None
+    return b / a
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,26 +21,35 @@ Schema ``tpusim-report`` version 2 (version 1 lacked ``exit_code`` and ``interru
     interrupted                null, or what Ctrl-C stopped: {script, pricing (true/false), not_priced
                                [modes asked for but not priced]}; the report covers what was done before
     run                        script, argv, tpusim_version, torch_version, chip, topology,
-                               world_size, modes, numerics, target
+                               world_size, modes, numerics, target, tokens_per_step (--tokens-per-step; null)
     chip                       name, display_name and the peaks the report compares against
     slice                      Slice.to_dict(): chips, dims, wrap, links, diameter, bisection
     program                    what one rank's trace holds: ops, collectives, syncs, steps, model_flops;
                                ranks_recorded (1, or every rank with --ranks all)
     modes.<mode>               one entry per eager mode priced (debug, strict, fused):
       total_s                  simulated wall time of the whole program
-      steps_s                  every step's time; first_step_s (compile/warm-up) separately;
-      step_time_median_s       median of the steps after the first (total_s when no steps)
+      steps_s                  every step's time; first_step_s (null without steps) separately;
+      steps                    count, warmup (leading steps that compiled: left out of the median),
+                               compiles [per step], reason (in words), steady_median_s (null without
+                               steps), steady_start_s, steady_end_s (tpusim/report/steps.py)
+      step_time_median_s       median of the steady-state steps (total_s when no steps: see steps.count)
+      headline                 the steady-state step's numbers (tpusim/report/headline.py): step_s,
+                               tokens_per_step, tokens_per_s_per_slice/_per_chip (null unless given),
+                               flops_per_step_per_chip, tflops_per_s_per_chip, mfu, mfu_peak_flops_per_s,
+                               flops_by_dtype, hbm_peak_bytes/_fraction, exposed_comm_share, bound,
+                               bound_shares, verdict, levers (lint codes that would move the bound)
       device_s                 device timeline split: mxu, vpu, transcendental, hbm, sparsecore,
                                launch (op time by the term that bound it), collective_exposed,
                                idle; they sum to total_s (per simulated chip)
-      step_device_s            the same split for one average step after the first (steady state;
-                               the whole program when there are fewer than two steps)
+      step_device_s            the same split for one average steady-state step (the whole program
+                               when there are no steps)
       host_s                   host timeline split: dispatch (incl. fused window recording and
                                debug's result read-back), stall, transfer, compile (cache misses)
       collective_overlapped_s  collective time hidden under compute
       mxu_utilisation          useful MXU FLOPs / (time in MXU kernels x bf16 peak)
-      mfu                      model FLOPs / (total_s x bf16 peak)
-      kernels                  kernels launched
+      mfu                      headline.mfu: the steady step's FLOPs / (its time x the FLOP-weighted MXU
+                               peak of the dtypes the matmuls used)
+      kernels                  kernels launched (per rank)
       hbm_bytes_moved          HBM bytes read + written by all kernels (fused: only values that
                                enter or leave a kernel)
       compile_cache            regions (kernel launches looked up), hits, misses, compile_s (misses x
@@ -48,7 +57,8 @@ Schema ``tpusim-report`` version 2 (version 1 lacked ``exit_code`` and ``interru
                                old_shapes, new_shapes}] (first RECOMPILES_LISTED; a recompile is a
                                miss at a known source position with new shapes)
       fusion                   fused, or any mode of a program with torch.compile'd graphs, else null:
-                               ops (in eager windows), kernels, windows, cuts {reason: count},
+                               ops (in eager windows), kernels, windows (Fused clusters), cuts {rule
+                               that ended a cluster: count}, clusters_compiled (distinct clusters),
                                onchip_bytes (intermediate writes + reads kept on chip), reused_bytes,
                                spilled_bytes (over VMEM, counted as HBM); programs (compiled-graph
                                executions, each fused whole), program_ops, program_kernels
@@ -57,8 +67,13 @@ Schema ``tpusim-report`` version 2 (version 1 lacked ``exit_code`` and ``interru
       collectives              [{seq, kind, bytes, group_size, axes, algorithm, reason,
                                  time_s (DES, in this run), closed_form_s (alone on an idle
                                  network), contention_s (DES minus closed form: time lost to
-                                 other traffic on the same links), async, source}]
-      links                    max_utilisation, mean_utilisation (busy links), busiest
+                                 other traffic on the same links; 0 below the resolution), async, source}]
+      collective_groups        [{kind, group_size, axes, bytes, source, count, algorithms, total_s,
+                                 closed_form_total_s, contention_total_s, total_bytes}] by total_s
+      links                    over the steady-state window (window_s) and the whole slice by symmetry
+                               (tpusim/report/links.py): max_utilisation, mean_utilisation (busy links),
+                               busy_links, simulated_links, busiest [{link, utilisation, bytes, simulated}],
+                               per_chip [[coord, mean outgoing-link utilisation]]
       host_stalls              [{reason, source, seconds}] where the host waited for the device
     warnings                   [{code, message, source}] (TPU-readiness lint; codes: tpusim/lint.py RULES)
     distributed                (tpusim run only) ranks ("one" | "all"), world_size, placement
@@ -93,9 +108,14 @@ from typing import Any
 from tpusim import __version__
 from tpusim.lint import LintWarning
 from tpusim.placement import Distributed, PlacementComparison
+from tpusim.report.collectives import collective_entry, group_collectives
+from tpusim.report.headline import headline
+from tpusim.report.links import link_summary
 from tpusim.report.measured import Measured, measured_section
+from tpusim.report.steps import split_steps
+from tpusim.report.text import resolved
 from tpusim.spec import ChipSpec
-from tpusim.timeline import Timeline, step_stats
+from tpusim.timeline import Timeline
 from tpusim.topology import Slice
 from tpusim.trace import CollectiveRecord, HostRecord, OpRecord, StepMarker, Trace
 
@@ -129,6 +149,7 @@ class RunInfo:
     error_traceback: str | None = None
     exit_code: int = 0                  # the script's exit status
     interrupted: Interrupted | None = None
+    tokens_per_step: int | None = None  # global batch x sequence length (tpusim run --tokens-per-step)
 
 
 def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str, Timeline],
@@ -137,6 +158,7 @@ def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str
                  faults: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report.json dict of a run: every section from its typed part (see the module docstring)."""
     chip = slice_.chip
+    codes = frozenset(w.code for w in warnings)
     report = {
         "schema": SCHEMA,
         "version": SCHEMA_VERSION,
@@ -148,11 +170,12 @@ def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str
         "run": {"script": info.script, "argv": list(info.argv), "tpusim_version": __version__,
                 "torch_version": info.torch_version, "chip": chip.name, "topology": slice_.spec,
                 "world_size": slice_.total_chips, "modes": list(timelines), "numerics": info.numerics,
-                "target": info.target},
+                "target": info.target, "tokens_per_step": info.tokens_per_step},
         "chip": chip_summary(chip),
         "slice": slice_.to_dict(),
         "program": program_summary(trace),
-        "modes": {mode: mode_report(timeline, trace, chip) for mode, timeline in timelines.items()},
+        "modes": {mode: mode_report(timeline, trace, slice_, info.tokens_per_step, codes)
+                  for mode, timeline in timelines.items()},
         "warnings": [asdict(w) for w in warnings],
     }
     if distributed is not None:
@@ -216,38 +239,42 @@ def program_summary(trace: Trace) -> dict[str, Any]:
             "ranks_recorded": len(ranks)}
 
 
-def mode_report(timeline: Timeline, trace: Trace, chip: ChipSpec) -> dict[str, Any]:
-    steps = [s.seconds for s in timeline.steps]
-    after_first = steps[1:]
+def mode_report(timeline: Timeline, trace: Trace, slice_: Slice, tokens_per_step: int | None = None,
+                warning_codes: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """One mode's section: steps split into warm-up and steady state, the headline numbers, the tables."""
+    chip = slice_.chip
     chips = max(1, len(timeline.chips_simulated))
+    steps = split_steps(timeline)
     device = device_split(timeline, 0.0, timeline.total_s)
     exposed = device["collective_exposed"]
-    steady = (device_split(timeline, timeline.steps[1].start_s, timeline.steps[-1].end_s, len(after_first))
-              if after_first else device)
-    ops = [e for e in timeline.events if e.kind == "op"]
-    model_flops = sum(e.flops for e in ops) / chips
-    stats = step_stats(steps, timeline.total_s)
+    steady = (device_split(timeline, steps.steady_start_s, steps.steady_end_s, steps.steady)
+              if steps.count else device)
+    calls = [collective_entry(run) for run in timeline.collectives]
+    head = headline(timeline, trace, chip, steps, steady, slice_.total_chips, tokens_per_step, set(warning_codes))
     return {
         "total_s": timeline.total_s,
-        "steps_s": steps,
-        "first_step_s": stats.first_s,
-        "step_time_median_s": stats.median_s,
+        "steps_s": [s.seconds for s in timeline.steps],
+        "first_step_s": timeline.steps[0].seconds if timeline.steps else None,
+        "step_time_median_s": steps.steady_median_s if steps.count else timeline.total_s,
+        "steps": asdict(steps),
+        "headline": head,
         "device_s": device,
         "step_device_s": steady,
         "host_s": {"dispatch": timeline.host_dispatch_s / chips, "stall": timeline.host_stall_s / chips,
                    "transfer": timeline.host_transfer_s / chips, "compile": timeline.host_compile_s / chips},
-        "collective_overlapped_s": max(0.0, timeline.collective_s - exposed),
+        "collective_overlapped_s": resolved(max(0.0, timeline.collective_s - exposed), timeline.collective_s),
         "mxu_utilisation": mxu_utilisation(timeline, chip),
-        "mfu": model_flops / (timeline.total_s * chip.peak_bf16_flops_per_s) if timeline.total_s else 0.0,
-        "kernels": timeline.kernels,
+        "mfu": head["mfu"],
+        "kernels": timeline.kernels // chips,
         "hbm_bytes_moved": timeline.hbm_bytes_moved,
         "compile_cache": compile_cache(timeline),
         "fusion": timeline.meta.get("fusion"),
         "hbm": {"peak_bytes": timeline.peak_hbm_bytes, "capacity_bytes": chip.hbm_bytes,
                 "peak_fraction": timeline.peak_hbm_bytes / chip.hbm_bytes},
         "top_ops": top_ops(timeline),
-        "collectives": [collective_entry(run) for run in timeline.collectives],
-        "links": link_summary(timeline),
+        "collectives": calls,
+        "collective_groups": group_collectives(calls),
+        "links": link_summary(timeline, tuple(slice_.dims), steps.steady_start_s, steps.steady_end_s),
         "host_stalls": host_stalls(timeline),
     }
 
@@ -305,33 +332,6 @@ def top_ops(timeline: Timeline) -> list[dict[str, Any]]:
                for (name, source), g in groups.items()]
     entries.sort(key=lambda e: (-e["seconds"], e["op"], e["source"]))
     return entries[:TOP_OPS]
-
-
-def collective_entry(run: Any) -> dict[str, Any]:
-    result = run.result
-    return {"seq": run.seq, "kind": run.kind, "bytes": result.bytes, "rank_bytes": run.rank_bytes,
-            "group_size": run.group_size, "axes": list(result.axes), "algorithm": result.algorithm,
-            "reason": result.reason, "time_s": run.end_s - run.start_s, "closed_form_s": result.closed_form_s,
-            "contention_s": result.contention_s, "async": run.async_op, "source": run.source}
-
-
-def link_summary(timeline: Timeline) -> dict[str, Any]:
-    """Busiest ICI channels, and each chip's mean outgoing-link utilisation for the heat map.
-
-    Under SPMD symmetry only representative rings are simulated, so chips off those rings
-    show no traffic: the map shows the rings that stand for all the others."""
-    stats = timeline.link_stats
-    if stats is None or not stats.channels:
-        return {"max_utilisation": 0.0, "mean_utilisation": 0.0, "busy_links": 0, "busiest": [], "per_chip": []}
-    busy = [c for c in stats.channels if c.utilisation > 0]
-    per_chip: dict[tuple[int, ...], list[float]] = defaultdict(list)
-    for channel in busy:
-        per_chip[tuple(channel.key[1])].append(channel.utilisation)
-    return {"max_utilisation": stats.max_utilisation,
-            "mean_utilisation": sum(c.utilisation for c in busy) / len(busy) if busy else 0.0,
-            "busy_links": len(busy),
-            "busiest": [{"link": c.name, "utilisation": c.utilisation, "bytes": c.bytes} for c in busy[:10]],
-            "per_chip": [[list(coord), sum(u) / len(u)] for coord, u in sorted(per_chip.items())]}
 
 
 def host_stalls(timeline: Timeline) -> list[dict[str, Any]]:

@@ -16,6 +16,10 @@ from matplotlib.figure import Figure
 DEVICE_COLOURS = {"mxu": "#1f77b4", "vpu": "#2ca02c", "transcendental": "#17becf", "hbm": "#ff7f0e",
                   "sparsecore": "#9467bd", "launch": "#8c564b", "collective_exposed": "#d62728",
                   "idle": "#c7c7c7"}
+DEVICE_LABELS = {"mxu": "MXU", "vpu": "VPU", "transcendental": "transcendentals", "hbm": "HBM-bound",
+                 "sparsecore": "SparseCore", "launch": "kernel launch", "collective_exposed": "exposed collectives",
+                 "idle": "idle (waiting for the host)"}
+VISIBLE_SHARE = 0.002    # a series under 0.2% of the widest bar is not drawn (it would be a legend entry with no bar)
 MODE_ORDER = ("debug", "strict", "fused")
 
 
@@ -49,8 +53,8 @@ def mode_comparison(report: dict[str, Any]) -> Figure:
 
 
 def time_breakdown(report: dict[str, Any]) -> Figure:
-    """Where the device's time goes in an average step after the first (compile and warm-up excluded):
-    op time by limiting term, exposed collectives, idle."""
+    """Where the device's time goes in an average steady-state step (warm-up steps excluded): op time by
+    limiting term, exposed collectives, idle. Series too thin to see are left out, legend entry and all."""
     modes = _modes(report)
     total = max(sum(report["modes"][m]["step_device_s"].values()) for m in modes) or 1.0
     unit, scale = _time_unit(total)
@@ -59,10 +63,10 @@ def time_breakdown(report: dict[str, Any]) -> Figure:
     left = np.zeros(len(modes))
     for term, colour in DEVICE_COLOURS.items():
         widths = np.array([report["modes"][m]["step_device_s"].get(term, 0.0) / scale for m in modes])
-        if widths.any():
-            ax.barh(modes, widths, left=left, color=colour, label=term)
+        if widths.max(initial=0.0) > VISIBLE_SHARE * total / scale:
+            ax.barh(modes, widths, left=left, color=colour, label=DEVICE_LABELS.get(term, term))
             left += widths
-    ax.set_xlabel(f"simulated time ({unit}) of one step after the first, per chip")
+    ax.set_xlabel(f"simulated time ({unit}) of one steady-state step, per chip")
     ax.set_title("Device time breakdown")
     if ax.get_legend_handles_labels()[0]:       # a run with no ops has nothing to label
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=4, fontsize=8, frameon=False)
@@ -98,26 +102,37 @@ def roofline(report: dict[str, Any], mode: str | None = None) -> Figure:
 
 
 def link_heatmap(report: dict[str, Any], mode: str | None = None) -> Figure | None:
-    """Mean utilisation of each chip's outgoing ICI links over the x-y plane (mean over z)."""
+    """Per torus axis, each chip's utilisation of its links along that axis (mean of both directions) over
+    the x-y plane (mean over z), in the steady-state step, every link of the slice (tpusim/report/links.py
+    expands the simulated lines by symmetry): one panel per axis, so tensor-parallel rings on x and
+    data-parallel traffic on y/z read apart. One shared colour scale."""
     mode = mode or _modes(report)[-1]
-    per_chip = report["modes"][mode]["links"].get("per_chip", [])
-    if not per_chip:
+    links = report["modes"][mode]["links"]
+    per_axis = links.get("per_chip_axis") or [[coord, [u]] for coord, u in links.get("per_chip", [])]
+    if not per_axis:
         return None
     dims = report["slice"]["dims"]
-    grid = np.zeros((dims[1] if len(dims) > 1 else 1, dims[0]))
-    counts = np.zeros_like(grid)
-    for coord, utilisation in per_chip:
-        y = coord[1] if len(coord) > 1 else 0
-        grid[y, coord[0]] += utilisation
-        counts[y, coord[0]] += 1
-    grid = np.divide(grid, counts, out=np.zeros_like(grid), where=counts > 0)
-    fig = Figure(figsize=(5, 4), layout="constrained")
-    ax = fig.subplots()
-    image = ax.imshow(grid, origin="lower", cmap="viridis", vmin=0, vmax=max(1e-9, grid.max()))
-    fig.colorbar(image, ax=ax, label="link utilisation")
-    ax.set_xlabel("x")
-    ax.set_ylabel("y")
-    ax.set_title(f"ICI link utilisation ({mode}; mean over z)")
+    axes = [a for a in range(len(per_axis[0][1])) if a >= len(dims) or dims[a] > 1] or [0]
+    names = report["slice"].get("axis_names") or ["x", "y", "z"]
+    depth = int(np.prod(dims[2:])) if len(dims) > 2 else 1
+    grids = []
+    for axis in axes:
+        grid = np.zeros((dims[1] if len(dims) > 1 else 1, dims[0]))
+        for coord, utilisation in per_axis:
+            grid[coord[1] if len(coord) > 1 else 0, coord[0]] += utilisation[axis]
+        grids.append(grid / depth)            # chips with no busy link count as 0
+    top = max(1e-9, max(g.max() for g in grids))
+    fig = Figure(figsize=(3.2 * len(grids) + 1, 3.4), layout="constrained")
+    panels = np.atleast_1d(fig.subplots(1, len(grids)))
+    for ax, grid, axis in zip(panels, grids, axes):
+        image = ax.imshow(grid, origin="lower", cmap="viridis", vmin=0, vmax=top)
+        ax.set_title(f"{names[axis] if axis < len(names) else axis} links" if len(per_axis[0][1]) > 1
+                     else "all links", fontsize=9)
+        ax.set_xlabel("x")
+        ax.set_ylabel("y")
+    fig.colorbar(image, ax=list(panels), label="link utilisation")
+    fig.suptitle(f"ICI link utilisation ({mode}, steady-state step"
+                 f"{'; mean over z' if depth > 1 else ''})", fontsize=10)
     return fig
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from tpusim.report.model import incomplete_reason
-from tpusim.units import format_bytes, format_seconds
+from tpusim.report.text import percent_text, seconds_text
+from tpusim.units import format_bytes
 
 RECOMPILES_SHOWN = 5
 
@@ -15,31 +16,88 @@ def _cache(mode: dict[str, Any]) -> dict[str, Any]:
     return mode.get("compile_cache") or {"hits": 0, "misses": 0, "recompile_count": 0, "recompiles": []}
 
 
-def summary_table(report: dict[str, Any], out_dir: str) -> str:
-    run, modes = report["run"], report["modes"]
-    names = list(modes)
-    rows: list[tuple[str, list[str]]] = [
-        ("step time (median)", [format_seconds(modes[m]["step_time_median_s"]) for m in names]),
-        ("first step", [format_seconds(modes[m]["first_step_s"] or 0.0) for m in names]),
-        ("whole program", [format_seconds(modes[m]["total_s"]) for m in names]),
+def _steps(mode: dict[str, Any]) -> dict[str, Any]:
+    """A mode's warm-up/steady split; reports written before it existed: the first step as warm-up."""
+    count = len(mode["steps_s"])
+    return mode.get("steps") or {"count": count, "warmup": min(1, count - 1) if count else 0, "reason": ""}
+
+
+def _headline(mode: dict[str, Any]) -> dict[str, Any]:
+    return mode.get("headline") or {}
+
+
+def _per_second(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _chips(n: int) -> str:
+    return f"{n} chip" + ("" if n == 1 else "s")
+
+
+def step_rows(modes: dict[str, Any], names: list[str]) -> list[tuple[str, list[str]]]:
+    """Steps, warm-up and the steady-state median; a run without steps says so."""
+    def median(m: str) -> str:
+        return seconds_text(modes[m]["step_time_median_s"]) if _steps(modes[m])["count"] else "no steps"
+
+    return [
+        ("steps (warm-up)", [f"{_steps(modes[m])['count']} ({_steps(modes[m])['warmup']})" for m in names]),
+        ("step time (median)", [median(m) for m in names]),     # of the steady-state steps
+        ("first step", [seconds_text(modes[m]["first_step_s"]) for m in names]),
+        ("whole program", [seconds_text(modes[m]["total_s"]) for m in names]),
+    ]
+
+
+def headline_rows(modes: dict[str, Any], names: list[str]) -> list[tuple[str, list[str]]]:
+    """The numbers ML engineers compare (tpusim/report/headline.py), for the steady-state step."""
+    head = {m: _headline(modes[m]) for m in names}
+    rows = []
+    if any(h.get("tokens_per_step") for h in head.values()):
+        rows += [("tokens/s per slice", [_per_second(head[m].get("tokens_per_s_per_slice")) for m in names]),
+                 ("tokens/s per chip", [_per_second(head[m].get("tokens_per_s_per_chip")) for m in names])]
+    rows += [("TFLOP/s per chip", [f"{head[m].get('tflops_per_s_per_chip', 0.0):.3g}" for m in names]),
+             ("MFU (dtype peak)", [percent_text(modes[m]["mfu"]) for m in names]),
+             ("exposed comm share", [percent_text(head[m].get("exposed_comm_share")) for m in names]),
+             ("bound by", [head[m].get("bound", "-") for m in names])]
+    return rows
+
+
+def mode_rows(modes: dict[str, Any], names: list[str]) -> list[tuple[str, list[str]]]:
+    """Every row of the per-mode table, as text: the terminal summary and report.html show the same rows."""
+    return [
+        *step_rows(modes, names),
+        *headline_rows(modes, names),
         ("kernels", [str(modes[m]["kernels"]) for m in names]),
-        ("host dispatch", [format_seconds(modes[m]["host_s"]["dispatch"]) for m in names]),
-        ("host stall", [format_seconds(modes[m]["host_s"]["stall"]) for m in names]),
-        ("host compile", [format_seconds(modes[m]["host_s"].get("compile", 0.0)) for m in names]),
+        ("host dispatch", [seconds_text(modes[m]["host_s"]["dispatch"]) for m in names]),
+        ("host stall", [seconds_text(modes[m]["host_s"]["stall"]) for m in names]),
+        ("host compile", [seconds_text(modes[m]["host_s"].get("compile", 0.0)) for m in names]),
         ("compile hits/misses", [f"{_cache(modes[m])['hits']}/{_cache(modes[m])['misses']}" for m in names]),
         ("recompiles", [str(_cache(modes[m])["recompile_count"]) for m in names]),
         ("HBM bytes moved", [format_bytes(modes[m].get("hbm_bytes_moved", 0)) for m in names]),
-        ("collectives exposed", [format_seconds(modes[m]["device_s"]["collective_exposed"]) for m in names]),
-        ("MXU utilisation", [f"{modes[m]['mxu_utilisation']:.1%}" for m in names]),
-        ("MFU", [f"{modes[m]['mfu']:.1%}" for m in names]),
+        ("collectives exposed", [seconds_text(modes[m]["device_s"]["collective_exposed"]) for m in names]),
+        ("collectives hidden", [seconds_text(modes[m].get("collective_overlapped_s", 0.0)) for m in names]),
+        ("MXU utilisation", [percent_text(modes[m]["mxu_utilisation"]) for m in names]),
         ("HBM peak", [f"{format_bytes(modes[m]['hbm']['peak_bytes'])} "
-                      f"({modes[m]['hbm']['peak_fraction']:.1%})" for m in names]),
+                      f"({percent_text(modes[m]['hbm']['peak_fraction'])})" for m in names]),
     ]
+
+
+def summary_table(report: dict[str, Any], out_dir: str) -> str:
+    run, modes = report["run"], report["modes"]
+    names = list(modes)
+    rows = mode_rows(modes, names)
     program = report["program"]
+    ranks = program.get("ranks_recorded", 1)
+    per_rank = f" per rank ({ranks} ranks recorded)" if ranks > 1 else ""
+    steps = (f"{program['steps']} steps" if program["steps"]
+             else "no steps marked (optimizer.step() or tpusim.backend.step() mark them)")
     lines = [f"tpusim: {run['script']} on {run['topology']} ({report['chip']['display_name']}, "
-             f"{report['slice']['chips']} chips) - {program['ops']} ops, {program['collectives']} collectives, "
-             f"{program['steps']} steps"]
+             f"{_chips(report['slice']['chips'])}) - {program['ops']} ops, {program['collectives']} collectives, "
+             f"{steps}{per_rank}"]
     lines += _columns(names, rows) if names else ["no eager mode was priced"]
+    lines += warmup_lines(modes)
+    lines += verdict_lines(modes)
     lines += recompile_lines(modes)
     for warning in report["warnings"]:
         lines.append(f"warning: {warning['message']}" + (f" ({warning['source']})" if warning.get("source") else ""))
@@ -49,6 +107,23 @@ def summary_table(report: dict[str, Any], out_dir: str) -> str:
     lines += measured_lines(report)
     lines.append(f"report: {out_dir}/report.html (report.json, trace.json for ui.perfetto.dev)")
     return "\n".join(lines)
+
+
+def warmup_lines(modes: dict[str, Any]) -> list[str]:
+    """Why each mode's warm-up steps were left out of its median (one line per distinct reason)."""
+    lines = []
+    for name, mode in modes.items():
+        steps = _steps(mode)
+        if steps["warmup"] and steps.get("reason"):
+            lines.append(f"warm-up ({name}): {steps['warmup']} of {steps['count']} steps left out of the median: "
+                         f"{steps['reason']}")
+    return lines
+
+
+def verdict_lines(modes: dict[str, Any]) -> list[str]:
+    """What bounds the step, per mode, with the lint codes that would move it."""
+    return [f"verdict ({name}): {_headline(mode)['verdict']}" for name, mode in modes.items()
+            if _headline(mode).get("verdict")]
 
 
 def _columns(names: list[str], rows: list[tuple[str, list[str]]], title: str = "") -> list[str]:
@@ -94,7 +169,7 @@ def measured_lines(report: dict[str, Any]) -> list[str]:
 
 
 def _seconds(value: float | None) -> str:
-    return "-" if value is None else format_seconds(value)
+    return seconds_text(value)
 
 
 def recompile_lines(modes: dict[str, Any]) -> list[str]:

@@ -1,0 +1,46 @@
+"""How the report prints its numbers: values below the simulator's resolution read 0, small shares keep
+their digits.
+
+Why: the simulator adds and subtracts float seconds, so a quantity that is zero by construction (the
+contention of a collective alone on an idle network: DES time minus closed form) comes out as 1e-19 s
+and printed as ``1.559e-10 ns``; a share of 0.004% printed with one decimal reads ``0.0%``, and a ratio
+of two such zeros looked meaningful. Every printed time goes through ``seconds_text`` and every share
+through ``percent_text``, in the terminal, the HTML and ``tpusim compare``.
+"""
+
+from __future__ import annotations
+
+from tpusim.units import format_seconds
+
+RESOLUTION_S = 1e-12        # the DES resolves picoseconds at best: below that a time is float rounding
+RELATIVE_RESOLUTION = 1e-9  # a difference under this fraction of what it was computed from is rounding
+
+
+def resolved(value: float, scale: float = 0.0) -> float:
+    """``value``, or 0.0 when it is below the resolution (absolute, or relative to ``scale``)."""
+    return 0.0 if abs(value) < max(RESOLUTION_S, RELATIVE_RESOLUTION * abs(scale)) else value
+
+
+def seconds_text(value: float | None) -> str:
+    """A duration for people: '-' when there is none, '0' below the resolution, else s/ms/us/ns."""
+    if value is None:
+        return "-"
+    return "0" if resolved(value) == 0.0 else format_seconds(value)
+
+
+def percent_text(share: float | None) -> str:
+    """A share as a percentage: one decimal from 0.1% up, two significant digits below (0.0042%), 0 for 0."""
+    if share is None:
+        return "-"
+    if share == 0:
+        return "0%"
+    if abs(share) >= 1e-3:
+        return f"{share:.1%}"
+    return f"{share * 100:.2g}%"
+
+
+def ratio_text(a: float | None, b: float | None) -> str:
+    """b / a as '2.5x'; '-' when either side is missing or below what can be told apart from 0."""
+    if a is None or b is None or resolved(a) == 0.0 or resolved(b) == 0.0:
+        return "-"
+    return f"{b / a:.3g}x"

@@ -40,20 +40,21 @@ A bad value raises one ``TpusimError`` naming the variable, its value and what i
 
 Read elsewhere, next to what they drive: TPUSIM_EAGER_MODE (tpusim/eager.py: debug, strict or
 fused; ``DeviceConfig.eager_mode`` overrides it), TPUSIM_DEBUG_CHECK and TPUSIM_DEBUG_LOG
-(backend/debug.py: debug mode's NaN/Inf check and per-op log), TPUSIM_RANKS and
-TPUSIM_HANG_TIMEOUT_S (backend/distributed/), TPUSIM_DUMP_STABLEHLO (backend/compile.py).
+(backend/debug.py: debug mode's NaN/Inf check and per-op log), TPUSIM_RANKS,
+TPUSIM_HANG_TIMEOUT_S and TPUSIM_HANG_GRACE_S (backend/distributed/), TPUSIM_DUMP_STABLEHLO
+(backend/compile.py). tpusim/envvars.py lists every variable with what it accepts; ``tpusim run``
+checks them all before it loads the device.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import warnings
 from dataclasses import dataclass
 
-from tpusim import eager
+from tpusim import eager, envvars
 from tpusim.errors import TpusimError
 from tpusim.spec import ChipSpec, default_chip, load_chip
 
@@ -153,17 +154,14 @@ def _choice(name: str, default: str, accepted: tuple[str, ...], shown: str = "")
 
 
 def _count(name: str, low: int, high: int | None, accepted: str) -> int | None:
-    """A whole number from ``name`` (float notation allowed: 16e9), None when unset."""
+    """A whole number from ``name`` (float notation allowed: 16e9; integers read exactly), None when unset."""
     raw = _raw(name)
     if raw is None:
         return None
     try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value == int(value) and value >= low and (high is None or value <= high)):
-        raise TpusimError(f"{name}={raw!r}; accepted: {accepted}")
-    return int(value)
+        return envvars.whole(low, high)(raw)
+    except (ValueError, OverflowError):
+        raise TpusimError(f"{name}={raw!r}; accepted: {accepted}") from None
 
 
 def _chip(name: str) -> ChipSpec:

@@ -272,6 +272,24 @@ _FLOPS_PER_ELEMENT: dict[str, float] = {
     "_thnn_fused_lstm_cell": 9, "_thnn_fused_lstm_cell_backward_impl": 7.5, "_thnn_fused_gru_cell": 5,
     "_thnn_fused_gru_cell_backward": 7.33,
 }
+# dense eigensolvers of an n x n matrix (batch b): FLOPs = coefficient x b x n^3. The Francis QR algorithm
+# for the real Schur form costs about 25 n^3 with the Schur vectors (eigenvectors follow from them by a
+# triangular solve) and 10 n^3 for the eigenvalues alone: Golub & Van Loan, Matrix Computations (4th ed.),
+# section 7.5.6. n is read from the sizes: the input is b n^2 elements, the eigenvalues b n.
+_FLOPS_PER_CUBE: dict[str, float] = {
+    "linalg_eig": 25.0, "_linalg_eigvals": 10.0,
+}
+
+
+def _cubic(short: str, in_numels: tuple[int, ...], out_numels: tuple[int, ...]) -> float | None:
+    """FLOPs of a ``_FLOPS_PER_CUBE`` op, or None when its sizes do not read as b matrices of n x n."""
+    values = min(out_numels, default=0)
+    if not in_numels or not values or max(in_numels) % values:
+        return None
+    n = max(in_numels) // values
+    return _FLOPS_PER_CUBE[short] * (values // n) * n ** 3 if n and values % n == 0 else None
+
+
 def op_cost(name: str, ins: list[torch.Tensor], outs: list[torch.Tensor], args: tuple) -> Cost:
     """The cost of one op from its (device) inputs, outputs and arguments."""
     rule = _SHAPED.get(base_name(name))
@@ -317,4 +335,6 @@ def _counted(name: str, in_numels: tuple[int, ...], out_numels: tuple[int, ...])
         elements = sum(out_numels) or sum(in_numels)
         short = short[len(FOREACH_PREFIX):]
     flops = elements * _FLOPS_PER_ELEMENT.get(short, 1.0)
+    if short in _FLOPS_PER_CUBE:
+        flops = _cubic(short, in_numels, out_numels) or flops
     return Cost(family, float(flops), float(elements * _TRANSCENDENTAL.get(short, 0.0)))

@@ -159,7 +159,7 @@ def fallback(op: torch._ops.OpOverload, *args: object, **kwargs: object) -> obje
         _mixed(plan, f"tpu:{call.device}", "cpu", call.cpu_arg)
     if call.device < 0:
         call.device = STATE.shim.current_device()
-    if call.f64:
+    if call.f64 or plan.name in policy.NON_NATIVE_RESULTS:    # complex results from real inputs too
         policy.non_native(plan.name, call.inputs)
 
     input_bad = debug.before(plan, args, kwargs, call.inputs) if STATE.debug else False
@@ -285,6 +285,7 @@ def native_plan(name: str) -> tuple:
     names = [a.name for a in op._schema.arguments]
     kinds = [*facts.positional, *((names.index(k), kind) for k, kind in facts.keyword)]
     python = plan.kernel is not None or not name.startswith("aten::") or any(kind == DEVICE for _, kind in kinds)
+    python = python or plan.name in policy.NON_NATIVE_RESULTS         # the float64/complex policy at the op
     written = [*facts.written_positions, *(names.index(k) for k in facts.written_keywords)]
     generator = plan.gen_index if plan.gen_index >= 0 else names.index(plan.gen_name) if plan.gen_name else -1
     return (op, plan.name, python, costs.reads_arguments(plan.name), written,

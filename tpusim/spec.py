@@ -170,6 +170,20 @@ def _all_chips() -> list[ChipSpec]:
 
 
 def _resolve(name_or_path: str | os.PathLike) -> Path:
+    """The chip file a name or path means; the file system's own errors (a name too long, a NUL byte,
+    a folder without permission) become one TpusimError naming what was given."""
+    try:
+        return _find_chip_file(name_or_path)
+    except TpusimError:
+        raise
+    except (OSError, ValueError, RuntimeError) as error:     # RuntimeError: "~nosuchuser/x.toml"
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        known = ", ".join(available_chips()) or "none found"
+        raise TpusimError(f"chip {os.fspath(name_or_path)[:200]!r} cannot be looked up: {reason}; give a chip "
+                          f"name ({known}) or the path of a .toml file") from None
+
+
+def _find_chip_file(name_or_path: str | os.PathLike) -> Path:
     text = os.fspath(name_or_path)
     looks_like_path = isinstance(name_or_path, os.PathLike) or text.endswith(".toml") or os.sep in text
     if looks_like_path:

@@ -59,23 +59,23 @@ std::string format_size(int64_t bytes) {
   return buf;
 }
 
-// Count `bytes` against the device's HBM; raise torch.OutOfMemoryError like CUDA does.
-void charge(c10::DeviceIndex device, size_t bytes, int64_t id) {
+// Count `bytes` against the device's HBM; raise torch.OutOfMemoryError like CUDA does. Returns the
+// peak before this charge, for `refund` when the host cannot back the block. Logged by make_block
+// once the block exists, so a failed allocation never reaches the trace.
+int64_t charge(c10::DeviceIndex device, size_t bytes) {
   const auto& cfg = config();
   int64_t in_use = 0;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     auto& s = g_stats[device];
     if (cfg.hbm_bytes <= 0 || s.allocated + static_cast<int64_t>(bytes) <= cfg.hbm_bytes) {
+      const int64_t prior_peak = s.peak;
       s.allocated += bytes;
       s.peak = std::max(s.peak, s.allocated);
       s.allocations += 1;
       s.allocated_total += bytes;
       s.live_blocks += 1;
-      if (g_recording.load(std::memory_order_relaxed)) {
-        log_memory(true, id, static_cast<int64_t>(bytes));
-      }
-      return;
+      return prior_peak;
     }
     in_use = s.allocated;
   }
@@ -87,6 +87,19 @@ void charge(c10::DeviceIndex device, size_t bytes, int64_t id) {
                    " is allocated by tensors on this device. The capacity is the HBM of chip '", cfg.chip,
                    "' (set TPUSIM_CHIP to simulate another chip, or TPUSIM_HBM_BYTES to override the "
                    "capacity).");
+  return 0;
+}
+
+// Undo `charge` for a block the host could not back: it never existed, so it is in no counter and
+// not in the peak (issue 17: a failed host allocation was counted in the HBM peak).
+void refund(c10::DeviceIndex device, size_t bytes, int64_t prior_peak) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto& s = g_stats[device];
+  s.allocated -= bytes;
+  s.allocations -= 1;
+  s.allocated_total -= bytes;
+  s.live_blocks -= 1;
+  s.peak = std::max(prior_peak, s.allocated);
 }
 
 void release(const Block* b) {
@@ -127,7 +140,7 @@ void* reserve_fake(size_t nbytes, size_t* reserved) {
 c10::DataPtr make_block(size_t nbytes, c10::DeviceIndex device, c10::intrusive_ptr<c10::StorageImpl> adopted) {
   check_device_index(device);
   const int64_t id = g_next_id.fetch_add(1);
-  charge(device, nbytes, id);
+  const int64_t prior_peak = charge(device, nbytes);
   auto* b = new Block{id, nbytes, device, nullptr, nullptr, 0, std::move(adopted)};
   void* data = nullptr;
   if (b->adopted) {
@@ -135,7 +148,7 @@ c10::DataPtr make_block(size_t nbytes, c10::DeviceIndex device, c10::intrusive_p
   } else if (nbytes > 0 && config().no_data) {
     b->fake = reserve_fake(nbytes, &b->fake_bytes);
     if (b->fake == nullptr) {
-      release(b);
+      refund(device, nbytes, prior_peak);
       delete b;
       TORCH_CHECK_WITH(OutOfMemoryError, false, "tpusim: could not reserve ", format_size(nbytes),
                        " of address space for a shape-only tpu:", static_cast<int>(device), " storage");
@@ -144,13 +157,16 @@ c10::DataPtr make_block(size_t nbytes, c10::DeviceIndex device, c10::intrusive_p
   } else if (nbytes > 0) {
     b->owned = std::aligned_alloc(64, (nbytes + 63) / 64 * 64);
     if (b->owned == nullptr) {
-      release(b);
+      refund(device, nbytes, prior_peak);
       delete b;
       TORCH_CHECK_WITH(OutOfMemoryError, false, "tpusim: the host is out of memory allocating ",
                        format_size(nbytes), " of simulated HBM for tpu:", static_cast<int>(device),
                        " (TPUSIM_NUMERICS=off runs shapes only, without host memory)");
     }
     data = b->owned;
+  }
+  if (g_recording.load(std::memory_order_relaxed)) {
+    log_memory(true, id, static_cast<int64_t>(nbytes));
   }
   return {data, b, &delete_block, c10::Device(c10::DeviceType::PrivateUse1, device)};
 }

@@ -12,7 +12,18 @@ waits for the other members' fingerprints. Then:
   finished the script, crashed, or stopped on its own diagnosis; when it is blocked in a *different*
   collective that needs one of the waiting ranks (a wait cycle, stable for ``TPUSIM_HANG_GRACE_S``,
   default 1 s), that is a deadlock; when
-  it is still computing, the waiters give up after ``TPUSIM_HANG_TIMEOUT_S`` (default 300 s).
+  it is still computing, the waiters say so once after ``NOTE_AFTER_S`` (not a deadlock) and give up
+  after ``TPUSIM_HANG_TIMEOUT_S`` (default 300 s).
+
+Point-to-point ops (send, recv, isend, irecv) are fingerprinted the same way, per message: the n-th
+send from rank a to rank b with a tag meets the n-th recv at b from a with that tag (``exchange``).
+Each side publishes its call and waits for the other's before gloo moves the data, so a send
+nobody receives (the receiver went on to a collective that needs the sender: a wait cycle), a recv
+from a rank that finished or crashed, and sides that disagree on shape or dtype stop with one
+message naming the unmatched call, instead of gloo blocking until its timeout or failing with
+"Connection closed by peer". (The tpusim process group runs isend/irecv to completion at the
+call, as gloo's send does: a pattern that needs a posted isend to complete later is a deadlock
+here and is reported as one.)
 
 The first diagnosis is also written to the store key ``diagnosis`` so the launcher prints it once.
 """
@@ -20,14 +31,22 @@ The first diagnosis is also written to the store key ``diagnosis`` so the launch
 from __future__ import annotations
 
 import json
-import os
+import sys
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import asdict, dataclass, replace
 
+import torch
 import torch.distributed as dist
+from tpusim.backend.source import user_source
+
+from tpusim import envvars
 
 POLL_S = 0.005
 STATUS_EVERY_S = 0.25
+NOTE_AFTER_S = 10.0          # a wait this long (or a quarter of the timeout) on a peer still computing is said once
+P2P = ("send", "recv")
 
 
 class CollectiveMismatchError(RuntimeError):
@@ -48,20 +67,49 @@ class Call:
     group_name: str
     seq: int
     rank: int
+    peer: int = -1                      # send/recv: the other side's global rank
+    tag: int = 0                        # send/recv: the message tag
+
+    @property
+    def p2p(self) -> bool:
+        return self.kind in P2P
 
     def signature(self) -> tuple:
-        """What must agree across the group's members."""
+        """What must agree across the group's members (for send/recv: between the two sides)."""
+        if self.p2p:
+            return self.shapes, self.dtype, self.tag
         shapes = () if self.kind in ("all_to_all",) else self.shapes
         return self.kind, shapes, self.dtype, self.op, self.root
 
     def describe(self) -> str:
-        shapes = ", ".join(f"{self.dtype}{list(s)}" for s in self.shapes) or "no tensor"
-        extra = f", {self.op}" if self.op else ""
-        root = f", root {self.root}" if self.root >= 0 else ""
-        return f"{self.kind}({shapes}{extra}{root}) at {self.source or 'unknown line'}"
+        parts = [f"{self.dtype}{list(s)}" for s in self.shapes]
+        where = self.source or "unknown line"
+        if self.p2p:
+            side = "to" if self.kind == "send" else "from"
+            tag = [f"tag {self.tag}"] if self.tag else []
+            return f"{self.kind}({', '.join(parts + tag)}) {side} rank {self.peer} at {where}"
+        parts += [self.op] if self.op else []
+        parts += [f"root {self.root}"] if self.root >= 0 else []
+        return f"{self.kind}({', '.join(parts)}) at {where}"
 
     def where(self) -> str:
+        if self.p2p:
+            src, dst = self.channel()
+            return f"message #{self.seq} from rank {src} to rank {dst}"
         return f"call #{self.seq} on group {list(self.group)}, c10d group name {self.group_name!r}"
+
+    def channel(self) -> tuple[int, int]:
+        """(sender, receiver) of a send/recv, as global ranks."""
+        return (self.rank, self.peer) if self.kind == "send" else (self.peer, self.rank)
+
+    def key(self, side: str | None = None) -> str:
+        """The store key of a send/recv's fingerprint (``side``: "send" or "recv"; default: this call's)."""
+        src, dst = self.channel()
+        return f"p2p/{src}>{dst}/{self.tag}/{self.seq}/{side or self.kind}"
+
+    def counterpart(self) -> str:
+        """The store key the other side of this send/recv publishes."""
+        return self.key("recv" if self.kind == "send" else "send")
 
     def dumps(self) -> str:
         return json.dumps(asdict(self))
@@ -94,15 +142,28 @@ def mismatch_message(calls: list[Call]) -> str:
     return "\n".join(lines)
 
 
+def unmatched_message(waiting: Call, blocked: Call) -> str:
+    """A wait cycle through a send/recv: rank A waits in ``waiting`` while rank B waits in ``blocked``,
+    which needs A. Named after the unmatched send or recv (the one whose other side is never called)."""
+    p2p, other = (blocked, waiting) if blocked.p2p else (waiting, blocked)
+    if p2p.kind == "send":
+        head = f"unmatched send: rank {p2p.rank}'s {p2p.describe()} ({p2p.where()}) is never received"
+    else:
+        head = f"unmatched recv: rank {p2p.rank}'s {p2p.describe()} ({p2p.where()}) is never sent"
+    return (f"tpusim: {head}: rank {other.rank} waits in {other.describe()} instead, which needs rank {p2p.rank} "
+            f"(a deadlock: neither can go on)")
+
+
 class Control:
     """This rank's side of the shared control store: fingerprints, status, the first diagnosis."""
 
     def __init__(self, store: dist.Store, rank: int) -> None:
         self.store = store
         self.rank = rank
-        self.timeout_s = float(os.environ.get("TPUSIM_HANG_TIMEOUT_S", "300"))
-        self.grace_s = float(os.environ.get("TPUSIM_HANG_GRACE_S", "1"))
+        self.timeout_s = envvars.read("TPUSIM_HANG_TIMEOUT_S")
+        self.grace_s = envvars.read("TPUSIM_HANG_GRACE_S")
         self.last: Call | None = None
+        self._messages: dict[tuple[int, int, int], int] = {}    # (src, dst, tag) -> messages so far
 
     # -- status --------------------------------------------------------------------------------------
     def set_status(self, state: str, detail: str = "") -> None:
@@ -135,12 +196,13 @@ class Control:
         began = time.monotonic()
         next_status = began + STATUS_EVERY_S
         stuck_since: dict[int, tuple[str, float]] = {}
+        noted = False
         sleep = POLL_S
         while not self.store.check(keys):
             now = time.monotonic()
             if now >= next_status:
                 next_status = now + STATUS_EVERY_S
-                self._check_missing(call, keys, stuck_since, now, began)
+                noted = self._check_missing(call, keys, stuck_since, now, began, noted)
             time.sleep(sleep)
             sleep = min(sleep * 1.5, 0.05)
         calls = [Call.loads(v) for v in self.store.multi_get(keys)]
@@ -150,10 +212,88 @@ class Control:
 
     def _waits_on(self, other: Call, blocked: list[int]) -> bool:
         """True when ``other`` needs a rank of ``blocked`` that has not arrived at it (a wait cycle)."""
+        if other.p2p:
+            return other.peer in blocked and not self.store.check([other.counterpart()])
         base = f"fp/{other.group_name}/{other.seq}"
         return any(r in blocked and not self.store.check([f"{base}/{i}"]) for i, r in enumerate(other.group))
 
-    def _check_missing(self, call: Call, keys: list[str], stuck_since: dict, now: float, began: float) -> None:
+    # -- one point-to-point message ------------------------------------------------------------------
+    @contextmanager
+    def exchange(self, call: Call) -> Iterator[Call]:
+        """Publish this side of a send/recv, wait for the other side's and compare; the data moves inside
+        the ``with`` block (this rank reads as blocked in the call until it ends)."""
+        src, dst = call.channel()
+        n = self._messages.get((src, dst, call.tag), 0)
+        self._messages[(src, dst, call.tag)] = n + 1
+        call = replace(call, seq=n)
+        self.store.set(call.key(), call.dumps())
+        self.last = call
+        self.set_status("blocked", call.dumps())
+        began = time.monotonic()
+        next_status = began + STATUS_EVERY_S
+        stuck_since: dict[int, tuple[str, float]] = {}
+        noted = False
+        sleep = POLL_S
+        while not self.store.check([call.counterpart()]):
+            now = time.monotonic()
+            if now >= next_status:
+                next_status = now + STATUS_EVERY_S
+                noted = self._check_peer(call, stuck_since, now, began, noted)
+            time.sleep(sleep)
+            sleep = min(sleep * 1.5, 0.05)
+        other = Call.loads(self.store.get(call.counterpart()))
+        if other.signature() != call.signature():
+            send, recv = (call, other) if call.kind == "send" else (other, call)
+            raise self.fail(f"tpusim: point-to-point mismatch at {call.where()}: rank {send.rank} sends "
+                            f"{send.describe()} but rank {recv.rank} receives {recv.describe()} (the two sides "
+                            f"must agree on shape and dtype)")
+        try:
+            yield call
+        finally:
+            self.set_status("running")
+
+    def _check_peer(self, call: Call, stuck_since: dict, now: float, began: float, noted: bool) -> bool:
+        """One look at the peer of a send/recv that has not arrived; raise when it never will."""
+        if self.store.check(["diagnosis"]):
+            raise self.fail(self.store.get("diagnosis").decode())
+        peer, me = call.peer, call.rank
+        st = self.status_of(peer)
+        state, detail = st["state"], st["detail"]
+        wanted = "receiving" if call.kind == "send" else "sending"
+        if state == "exited":
+            raise self.fail(f"tpusim: rank {peer} finished the script without {wanted} the message of rank {me}'s "
+                            f"{call.describe()} ({call.where()}); rank {peer}'s last collective: "
+                            f"{Call.loads(st['last']).describe() if st['last'] else 'none'}")
+        if state == "crashed":
+            raise self.fail(f"tpusim: rank {peer} crashed ({detail}); rank {me} waits in {call.describe()} "
+                            f"({call.where()}) and was stopped")
+        if state == "failed":
+            raise self.fail(detail)
+        if state == "blocked":
+            seen = stuck_since.get(peer)
+            if seen is None or seen[0] != detail:
+                stuck_since[peer] = (detail, now)
+            elif now - seen[1] >= self.grace_s:
+                other = Call.loads(detail)
+                if self._waits_on(other, [me]):
+                    raise self.fail(unmatched_message(call, other))
+        else:
+            stuck_since.pop(peer, None)
+        if now - began > self.timeout_s:
+            raise self.fail(f"tpusim: rank {peer} (last collective: "
+                            f"{Call.loads(st['last']).describe() if st['last'] else 'none'}) did not reach the other "
+                            f"side of rank {me}'s {call.describe()} ({call.where()}) within {self.timeout_s:.0f} s "
+                            f"(TPUSIM_HANG_TIMEOUT_S sets the limit)")
+        if not noted and state == "running" and now - began > min(NOTE_AFTER_S, self.timeout_s / 4):
+            print(f"tpusim: rank {me} has waited {now - began:.0f} s in {call.describe()} for rank {peer}, which "
+                  f"is still computing (not a deadlock; the wait stops after TPUSIM_HANG_TIMEOUT_S="
+                  f"{self.timeout_s:.0f} s)", file=sys.stderr, flush=True)
+            return True
+        return noted
+
+    def _check_missing(self, call: Call, keys: list[str], stuck_since: dict, now: float, began: float,
+                       noted: bool = False) -> bool:
+        """One look at the members that have not arrived; raise when one never will. Returns ``noted``."""
         if self.store.check(["diagnosis"]):
             raise self.fail(self.store.get("diagnosis").decode())
         missing = [call.group[i] for i, k in enumerate(keys) if not self.store.check([k])]
@@ -184,6 +324,9 @@ class Control:
                 if self._waits_on(other, arrived):
                     blocked_elsewhere.append((r, other))
         if blocked_elsewhere and len(blocked_elsewhere) == len(missing):
+            p2p = [(r, c) for r, c in blocked_elsewhere if c.p2p]
+            if p2p:
+                raise self.fail(unmatched_message(call, p2p[0][1]))
             others = "; ".join(f"rank {r} waits in {c.describe()} ({c.where()})" for r, c in blocked_elsewhere)
             raise self.fail(f"tpusim: deadlock: {waiting}, but {others}")
         if now - began > self.timeout_s:
@@ -194,3 +337,22 @@ class Control:
             raise self.fail(f"tpusim: {', '.join(info)} did not reach {call.describe()} ({call.where()}) within "
                             f"{self.timeout_s:.0f} s while {_ranks(arrived)} waited (TPUSIM_HANG_TIMEOUT_S "
                             f"sets the limit)")
+        computing = [r for r, st in statuses.items() if st["state"] == "running"]
+        if not noted and computing and now - began > min(NOTE_AFTER_S, self.timeout_s / 4):
+            print(f"tpusim: {waiting} for {_ranks(computing)}, still computing after {now - began:.0f} s "
+                  f"(not a deadlock; the wait stops after TPUSIM_HANG_TIMEOUT_S={self.timeout_s:.0f} s)",
+                  file=sys.stderr, flush=True)
+            return True
+        return noted
+
+
+def message(control: Control | None, kind: str, tensors: list[torch.Tensor], me: int, peer: int,
+            tag: int) -> AbstractContextManager:
+    """The ``with`` block a send or recv (``kind``) of ``me`` with ``peer`` (global ranks) runs in: matched
+    with the other side first under ``--ranks all`` (``Control.exchange``), nothing otherwise."""
+    if control is None:
+        return nullcontext()
+    dtype = str(tensors[0].dtype).removeprefix("torch.") if tensors else ""
+    call = Call(kind, tuple(tuple(t.shape) for t in tensors), dtype, "", -1, user_source(), tuple(sorted((me, peer))),
+                "p2p", 0, me, peer, int(tag))
+    return control.exchange(call)

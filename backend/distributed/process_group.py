@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
-from tpusim.backend.distributed import emit, numerics
+from tpusim.backend.distributed import emit, hang, numerics
 from tpusim.backend.distributed.hang import Call, Control
 from tpusim.backend.distributed.transport import Gloo
 from tpusim.backend.source import user_source
@@ -325,16 +325,18 @@ class TpusimProcessGroup(dist.ProcessGroup):
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> dist.Work:
         me, peer = self.global_ranks[self._rank], self.global_ranks[dst]
-        return self._call("send", tensors, [], tensors, None,
-                          lambda h: [self.gloo.send(h(t), dst, tag) for t in tensors],
-                          record_kind="permute", group=tuple(sorted((me, peer))), check=False)
+        with hang.message(CONTROL if self.mode == "all" else None, "send", tensors, me, peer, tag):  # hang.py
+            return self._call("send", tensors, [], tensors, None,
+                              lambda h: [self.gloo.send(h(t), dst, tag) for t in tensors],
+                              record_kind="permute", group=tuple(sorted((me, peer))), check=False)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> dist.Work:
         me, peer = self.global_ranks[self._rank], self.global_ranks[src]
-        return self._call("recv", [], tensors, tensors, None,
-                          lambda h: [self.gloo.recv(h(t), src, tag) for t in tensors],
-                          record_kind="permute", group=tuple(sorted((me, peer))), check=False,
-                          record=self.mode == "all", nbytes=sum(t.numel() * t.element_size() for t in tensors))
+        with hang.message(CONTROL if self.mode == "all" else None, "recv", tensors, me, peer, tag):  # hang.py
+            return self._call("recv", [], tensors, tensors, None,
+                              lambda h: [self.gloo.recv(h(t), src, tag) for t in tensors],
+                              record_kind="permute", group=tuple(sorted((me, peer))), check=False,
+                              record=self.mode == "all", nbytes=sum(t.numel() * t.element_size() for t in tensors))
 
 
 def _async(opts: object) -> bool:

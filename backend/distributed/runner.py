@@ -19,7 +19,7 @@ from tpusim.backend.state import STATE
 
 from tpusim.errors import TpusimError
 from tpusim.script import ScriptOutcome
-from tpusim.trace import Trace, TraceMeta, read_trace, renumber
+from tpusim.trace import CollectiveRecord, Trace, TraceMeta, read_trace, renumber
 
 MAX_ALL = 16
 _USES_DIST = re.compile(r"torch\.distributed|init_process_group|DistributedDataParallel|fully_shard|DeviceMesh|"
@@ -50,6 +50,9 @@ def record_all(script: Path, argv: list[str], world: int, chips_per_host: int,
     ranks_dir = out_dir / "ranks"
     result = launch(script, argv, world, chips_per_host, ranks_dir, env=STATE.config.env())
     traces = [read_trace(p) for p in result.traces if p.is_file()]
+    dropped = 0
+    if not result.ok:                       # stopped part-way: price the collectives every rank reached
+        traces, dropped = common_prefix(traces, world)
     records = [r for t in traces for r in t.records]
     meta = (traces[0].meta if traces else TraceMeta()).replace(ranks="all",
                                                                 ranks_recorded=tuple(t.rank for t in traces))
@@ -57,9 +60,44 @@ def record_all(script: Path, argv: list[str], world: int, chips_per_host: int,
     if result.ok:
         return trace, ScriptOutcome(exit_code=0)
     summary = result.summary()
+    if dropped:
+        summary += (f"\n(the report covers what every rank reached: {dropped} records after the last collective "
+                    f"all ranks called are left out)")
+    if result.interrupted:                  # reported as Ctrl-C during the script (exit 130, the partial report)
+        return trace, ScriptOutcome(exit_code=130, error=summary + "\n", error_type="KeyboardInterrupt")
     kind = "CollectiveMismatchError" if result.diagnosis else "RankCrashed"
     code = max((c for c in result.exit_codes if c > 0), default=1)
     return trace, ScriptOutcome(exit_code=code, error=summary + "\n", error_type=kind)
+
+
+def common_prefix(traces: list[Trace], world: int) -> tuple[list[Trace], int]:
+    """Each rank's records up to its first collective that not every recorded member of its group reached
+    (ranks stopped part-way, e.g. by Ctrl-C, reach different calls; the simulator would find such a call
+    never starts). Returns the cut traces and how many records were left out."""
+    recorded = {t.rank for t in traces}
+    calls: dict[int, list[tuple[int, tuple[int, ...]]]] = {}       # rank -> (record index, group) per collective
+    reached: dict[tuple[int, ...], dict[int, int]] = {}              # group -> rank -> calls recorded
+    for t in traces:
+        mine = calls.setdefault(t.rank, [])
+        for i, r in enumerate(t.records):
+            if isinstance(r, CollectiveRecord):
+                group = tuple(r.group) or tuple(range(world))
+                mine.append((i, group))
+                counts = reached.setdefault(group, {})
+                counts[t.rank] = counts.get(t.rank, 0) + 1
+    common = {g: min(counts.get(m, 0) for m in g if m in recorded) for g, counts in reached.items()}
+    cut, dropped = [], 0
+    for t in traces:
+        seen: dict[tuple[int, ...], int] = {}
+        end = len(t.records)
+        for i, group in calls.get(t.rank, []):
+            seen[group] = seen.get(group, 0) + 1
+            if seen[group] > common[group]:
+                end = i
+                break
+        dropped += len(t.records) - end
+        cut.append(dataclasses.replace(t, records=t.records[:end]))
+    return cut, dropped
 
 
 def ranks_one_meta(trace: Trace) -> Trace:

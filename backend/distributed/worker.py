@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import sys
 
 import torch  # noqa: F401  (before tpusim.backend: the device registers at `import torch`)
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     with backend.recording() as rec:
         outcome = run_script(args.script, list(args.args))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the script has ended: what it recorded is written whole
     trace = rec.trace
     records = tuple(dataclasses.replace(r, rank=rank) for r in trace.records)
     write_trace(Trace(records=records, world_size=world, rank=rank, meta=trace.meta), args.trace)
@@ -40,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tpusim: rank {rank} stopped (collective diagnosis below)", file=sys.stderr)
         else:
             print(outcome.error, file=sys.stderr, end="")
+    elif outcome.error_type == "KeyboardInterrupt":
+        print(f"tpusim: rank {rank} stopped by Ctrl-C", file=sys.stderr)
+        if control is not None:
+            control.set_status("crashed", "stopped by Ctrl-C")
     elif outcome.error:
         print(outcome.error, file=sys.stderr, end="")
         if control is not None:

@@ -23,8 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tpusim import envvars
 from tpusim.errors import TpusimError, plain_text
 from tpusim.measure import INTERRUPTED, JaxDevice
+from tpusim.progress import Progress
 
 if TYPE_CHECKING:
     from tpusim.report import Measured
@@ -90,46 +92,19 @@ def add_parser(subparsers) -> None:
                              "prediction (priced on JAX's TPU chip unless --chip)")
     parser.add_argument("--pjrt-timeout", type=float, default=3600.0, metavar="S",
                         help="--target pjrt: stop a measured run after S seconds (default 3600; 0: never)")
+    parser.add_argument("--tokens-per-step", type=_tokens_per_step, metavar="N",
+                        help="tokens one step processes over the whole slice (global batch x sequence length): "
+                             "the report then gives tokens/s per chip and per slice")
     add_fault_arguments(parser)
     parser.set_defaults(run=run, script_args=[])
 
 
-class Progress:
-    """One status line on stderr while the script runs and while pricing; silent with --quiet."""
-
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-        self.tty = sys.stderr.isatty()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def say(self, text: str) -> None:
-        if not self.quiet:
-            prefix, suffix = ("\r", "\033[K\n") if self.tty else ("", "\n")
-            print(f"{prefix}tpusim: {text}", file=sys.stderr, end=suffix, flush=True)
-
-    def watch(self, status: Callable[[], str], every_s: float) -> None:
-        """Print ``status()`` every ``every_s`` seconds (in place on a terminal) until ``stop``."""
-        if self.quiet:
-            return
-
-        def loop() -> None:
-            while not self._stop.wait(every_s):
-                text = f"tpusim: {status()}"
-                if self.tty:
-                    print(f"\r{text}\033[K", end="", file=sys.stderr, flush=True)
-                else:
-                    print(text, file=sys.stderr, flush=True)
-
-        self._thread = threading.Thread(target=loop, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            if self.tty:
-                print("\r\033[K", end="", file=sys.stderr, flush=True)
+def _tokens_per_step(text: str) -> int:
+    """--tokens-per-step: a positive whole number, else argparse's clear error."""
+    if not (text.isascii() and text.strip().isdigit()) or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number of tokens, e.g. 8192 "
+                                         f"(global batch 8 x sequence 1024)")
+    return int(text)
 
 
 def default_out_dir(script: Path, topology: str) -> Path:
@@ -147,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
     from tpusim.topology import build_slice, load_chip_arg
 
     script = check_script(args.script)
+    envvars.check(skip=("TPUSIM_CHIP", "TPUSIM_NUMERICS"))   # before the device loads (run sets these two)
     modes = resolve_modes(args.mode)
     progress = Progress(args.quiet)
     device = _jax_device(args, progress) if args.target == "pjrt" else None
@@ -187,7 +163,7 @@ def _record_and_report(args: argparse.Namespace, script: Path, modes: list[str],
                        chip_from: str, out_dir: Path, progress: Progress) -> int:
     """Run the script once, recording; then price, report, and return the exit status."""
     progress.say(f"running {script.name} on {slice_.spec} ({slice_.chip.display_name}, "
-                 f"{slice_.total_chips} chips), numerics {args.numerics}")
+                 f"{slice_.total_chips} chip{'' if slice_.total_chips == 1 else 's'}), numerics {args.numerics}")
     backend = _import_backend()
     settings: dict[str, object] = {"chip": slice_.chip, "numerics": args.numerics == "on"}
     settings["topology"] = slice_.dims      # torch.tpu.topology_aware_mesh & co. see the --topology slice
@@ -210,8 +186,7 @@ def _record_and_report(args: argparse.Namespace, script: Path, modes: list[str],
     else:
         runner.prepare_one(slice_.total_chips, slice_.chip.chips_per_host)
         with backend.recording() as recorder:
-            progress.watch(lambda: f"running {script.name}: {len(recorder.records)} records, "
-                                   f"{time.perf_counter() - started:.0f} s", every_s=0.5 if progress.tty else 5.0)
+            progress.track(f"recording {script.name}", lambda: len(recorder.records), unit="records")
             try:
                 outcome = run_script(script, list(args.script_args))
             finally:
@@ -297,8 +272,11 @@ def _import_backend():
         import torch  # noqa: F401  (first: torch's autoload entry point then registers the device)
 
         import tpusim.backend as backend
-    except ImportError as error:
+    except TpusimError as error:
         raise TpusimError(f"the tpu device could not be loaded: {error}") from None
+    except Exception as error:  # ImportError, the shim's build failing, torch's autoload wrapping either
+        cause = error.__cause__ or error
+        raise TpusimError(f"the tpu device could not be loaded: {type(cause).__name__}: {cause}") from None
     return backend
 
 
@@ -369,11 +347,16 @@ def _price_and_report(trace, slice_, modes, script, args, outcome, torch_version
     timelines = {}
 
     def price_modes() -> None:
-        for mode in modes:
-            began = time.perf_counter()
-            timelines[mode] = price(trace, topology=slice_, mode=mode)
-            progress.say(f"priced {mode}: {timelines[mode].total_s:.6g} s simulated in "
-                         f"{time.perf_counter() - began:.1f} s")
+        progress.steps("pricing", len(modes), unit="modes")
+        try:
+            for mode in modes:
+                began = time.perf_counter()
+                timelines[mode] = price(trace, topology=slice_, mode=mode)
+                progress.say(f"priced {mode}: {timelines[mode].total_s:.6g} s simulated in "
+                             f"{time.perf_counter() - began:.1f} s")
+                progress.advance()
+        finally:
+            progress.stop()
 
     priced = interrupts.stoppable(price_modes)
     if not priced:
@@ -397,7 +380,7 @@ def _price_and_report(trace, slice_, modes, script, args, outcome, torch_version
     info = RunInfo(script=str(args.script), argv=tuple(args.script_args), topology=slice_.spec,
                    numerics=args.numerics, target=args.target, torch_version=torch_version,
                    error_type=outcome.error_type, error_traceback=outcome.error, exit_code=outcome.exit_code,
-                   interrupted=interrupted)
+                   interrupted=interrupted, tokens_per_step=getattr(args, "tokens_per_step", None))
     warnings = lint(trace, slice_.chip, timelines[fastest] if fastest else None)
     distributed = distributed_info(trace, slice_)
     faults = None

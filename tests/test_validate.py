@@ -166,6 +166,53 @@ def test_mesh_groups_give_data_parallelism_an_axis_of_its_own():
         mesh_groups("3d:8x8x16", load_chip("v5p"), 8, 1, data=12)
 
 
+def test_a_layers_dcn_gradient_all_reduce_is_a_ring_over_the_slices_at_the_hosts_shared_rate():
+    """The 32B v5e row on 32 slices: one layer's gradient shard (its matrices / 256 chips, bf16) is
+    all-reduced over rank 0's DCN group, every chip of a host sending at once: 8 chips on 2 x 100 Gbps
+    NICs, 3.125e9 B/s each. Ring: 2 (S-1) steps of (10 us + shard / (S x 3.125e9))."""
+    from tpusim.collectives import simulate_collective
+    from tpusim.topology import build_slice
+
+    run = next(r for r in RUNS if r.name == "maxtext-v5e-32b-32xv5e-256")
+    chip = dataclasses.replace(load_chip("v5e"), collective_overhead_ns=0.0)
+    groups = mesh_groups(run.topology, chip, run.tensor, run.slices)
+    shard = run.model.layer_matrix_params // 256 * 2
+    s = build_slice(run.topology, chip=chip, slices=run.slices)
+    r = simulate_collective(s, "all_reduce", shard, group=list(groups.dcn), spmd=True)
+    assert r.algorithm == "dcn" and "by ring" in r.simulated
+    expected = 2 * 31 * (10e-6 + shard / 32 / 3.125e9)
+    assert r.closed_form_s == pytest.approx(expected, rel=1e-9)
+    assert r.time_s == pytest.approx(expected, rel=1e-3)
+
+
+def _v5e_rows(model, slices):
+    return {n: run_case(find_case(CASES, f"maxtext-v5e-{model}-{n}xv5e-256")) for n in slices}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["16b", "32b", "64b"])
+def test_multislice_steps_slow_down_with_slices_as_published(model):
+    """MaxText's v5e rows slow down from 1 to 2 slices by 2.5-5.3% and never speed up with more
+    slices. The prediction must never get faster with more slices, and its 1 -> 2 step must be
+    within 2 points of the published one."""
+    rows = _v5e_rows(model, (1, 2, 4, 32))
+    pred = [rows[n].predicted_s for n in (1, 2, 4, 32)]
+    assert all(b >= a * (1 - 1e-6) for a, b in zip(pred, pred[1:], strict=False))
+    pub = {n: r.case.published_s for n, r in rows.items()}
+    assert abs((rows[2].predicted_s / rows[1].predicted_s - 1) - (pub[2] / pub[1] - 1)) < 0.02
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="known gap (README, 'Multislice slowdown'): the published step keeps "
+                   "slowing from 2 to 32 slices (+5% to +13%, a cost per layer that grows with the slice count); "
+                   "tpusim's DCN all-reduces run beside the next layers' backward pass, so its prediction is flat")
+def test_multislice_slowdown_from_2_to_32_slices_reaches_half_the_published():
+    rows = _v5e_rows("64b", (2, 32))
+    published = rows[32].case.published_s / rows[2].case.published_s - 1
+    predicted = rows[32].predicted_s / rows[2].predicted_s - 1
+    assert predicted >= 0.5 * published
+
+
 def _mlperf(accelerator):
     return next(r for r in RUNS if r.name == f"mlperf-v4.0-gpt3-175b-{accelerator}")
 

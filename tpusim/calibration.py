@@ -77,6 +77,9 @@ PARAMETERS: dict[str, ParameterKind] = {
         True),
     "dcn_efficiency": ParameterKind(
         "scale", "dcn_bytes_per_s", "achieved share of the per-chip DCN bandwidth", True),
+    "dcn_latency_ns": ParameterKind(
+        "replace", "dcn_latency_ns", "latency of one DCN crossing, paid once per ring or tree step over the slices "
+        "(ns)"),
     "collective_overhead_ns": ParameterKind(
         "replace", "collective_overhead_ns", "fixed start-up cost of one collective (ns)"),
     "ici_hop_latency_ns": ParameterKind(

@@ -23,7 +23,8 @@ def toy_chip(**overrides: object) -> ChipSpec:
     replace any field."""
     base = dict(name="toy", hbm_bytes_per_s=1e12, kernel_launch_ns=1000.0, host_dispatch_ns=500.0,
                 vpu_flops_per_s=1e15, transcendentals_per_s=1e15, pcie_bytes_per_s=1e9,
-                sparsecores_per_chip=4, sparsecore_gather_bytes_per_s=1e12, hbm_bytes=10**9)
+                sparsecores_per_chip=4, sparsecore_gather_bytes_per_s=1e12, hbm_bytes=10**9,
+                compile_per_op_s=0.0)     # a miss costs compile_s flat unless a test asks for the per-op part
     return dataclasses.replace(load_chip("v5p"), **{**base, **overrides})
 
 

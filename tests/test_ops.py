@@ -4,7 +4,7 @@ import pytest
 
 from tpusim import ops
 from tpusim.ops import Family, family_of, fusion_role
-from tpusim.windows import CUTS, WindowCutter
+from tpusim.windows import CUTS, Node, WindowCutter
 
 
 @pytest.mark.parametrize("name", ["aten::add_.Tensor", "add.out", "aten::add", "add_"])
@@ -44,10 +44,10 @@ def test_fusion_role_follows_the_family_unless_nothing_was_counted_or_it_runs_of
 
 
 def test_the_cutter_counts_windows_that_held_ops_and_why_they_ended():
-    cutter = WindowCutter(limit=3)
-    assert [cutter.admit(True) for _ in range(4)] == [None, None, None, "size"]
-    assert cutter.admit(False) == "opaque"          # ends the window of one op; the op runs alone
-    assert cutter.admit(False) == "opaque"          # nothing pending: counted nowhere
+    cutter = WindowCutter(limit=3, repeats=False)
+    assert [cutter.admit(Node(key=i)) for i in range(4)] == [None, None, None, "size"]
+    assert cutter.admit(Node(key=9, fusible=False)) == "opaque"   # ends the window of one op; it runs alone
+    assert cutter.admit(Node(key=9, fusible=False)) == "opaque"   # nothing pending: counted nowhere
     assert cutter.boundary("sync") == "sync" and cutter.boundary("end") == "end"
     assert cutter.windows == 2 and dict(cutter.cuts) == {"size": 1, "opaque": 1}
 

@@ -1,11 +1,14 @@
 """The compilation cache every eager mode shares: a region compiles once per signature.
 
-Why: on a TPU each kernel is an XLA executable. The first time a region (one op in Debug
-and Strict, one fused kernel in Fused, one torch.compile'd program in every mode) is seen
-with given ops, shapes and dtypes it is compiled on the host (``chip.compile_s``); later
-sights with the same signature are hits.
-A single op is the same region in every mode (``FusedKernel`` of one part has no wiring),
-so the key space is one.
+Why: on a TPU each region is an XLA executable. The first time a region (one op in Debug
+and Strict, one cluster in Fused: the pending work one cut materializes, ``tpusim.windows``,
+keyed by all its kernels' ops, shapes and wiring; one torch.compile'd program in every mode)
+is seen with given ops, shapes and dtypes it is compiled on the host (``chip.compile_s``);
+later sights with the same signature are hits. Fused eager's repeated-subsequence cut makes
+every layer of a model the same cluster, so a model compiles once per distinct layer
+(``CompileCache.clusters_compiled``).
+A single op is the same region in every mode (``FusedKernel`` of one part has no wiring, and a
+cluster of one kernel is that kernel's region), so the key space is one.
 
 A **recompile** is a miss at a region *position* seen in an earlier iteration with a
 different signature: typically a shape that changes from step to step (a variable sequence
@@ -15,6 +18,10 @@ different shapes in one step: those are different regions, not recompiles). Iter
 the trace's steps (``StepMarker``); a trace without step markers counts host syncs as
 iteration ends. Each recompile names the source line of the first op whose tensors changed,
 the classic PyTorch/XLA pain. Going back to shapes already compiled is a hit, not a recompile.
+
+**How long a compile takes** (``compile_seconds``): a fixed part per executable (``chip.compile_s``)
+plus a part per op compiled (``chip.compile_per_op_s`` x the region's ops), so a lone op costs little
+and a whole compiled model seconds; both are estimates in the chip file (no public per-op figure).
 
 ``with_compiles`` prices misses on the host timeline as a ``dispatch`` host record with
 reason ``compile`` before the kernel (the engine logs it as kind ``compile``).
@@ -51,7 +58,7 @@ class CacheStats:
 
     regions: int            # kernel launches looked up (= hits + misses)
     hits: int
-    misses: int             # each cost one compile_s on the host
+    misses: int             # each cost compile_seconds(region) on the host
     compile_s: float
     recompiles: tuple[Recompile, ...]
 
@@ -84,7 +91,10 @@ class CompileCache:
         self._occurrences: Counter[tuple] = Counter()
         self.hits = 0
         self.misses = 0
+        self.clusters = 0               # Fused eager clusters looked up (each one region)
+        self.clusters_compiled = 0      # of those, misses: distinct clusters compiled
         self.recompiles: list[Recompile] = []
+        self.compile_s = 0.0            # host seconds the misses cost (with_compiles adds them)
 
     def new_iteration(self) -> None:
         """A step ended: the next region at a position is its first occurrence again."""
@@ -109,7 +119,13 @@ class CompileCache:
 
     def stats(self, chip: ChipSpec) -> CacheStats:
         return CacheStats(regions=self.hits + self.misses, hits=self.hits, misses=self.misses,
-                          compile_s=self.misses * chip.compile_s, recompiles=tuple(self.recompiles))
+                          compile_s=self.compile_s, recompiles=tuple(self.recompiles))
+
+
+def compile_seconds(region: OpRecord, chip: ChipSpec) -> float:
+    """Host time to compile ``region`` once: the chip's fixed part plus its per-op part x the ops in it
+    (a fused cluster or compiled program counts every op it holds)."""
+    return chip.compile_s + chip.compile_per_op_s * len(_parts(region))
 
 
 def _recompile(old: OpRecord, new: OpRecord) -> Recompile:
@@ -120,32 +136,57 @@ def _recompile(old: OpRecord, new: OpRecord) -> Recompile:
                      new_shapes=tuple(t.shape for t in after.inputs))
 
 
-def _program_regions(records: Sequence[Record]) -> dict[int, OpRecord]:
-    """Each compiled program execution as one region: a record whose parts are all its kernels' ops
-    (XLA compiles the whole graph once, keyed by its ops and shapes)."""
-    kernels: dict[int, list[OpRecord]] = {}
+def _regions(records: Sequence[Record]) -> dict[tuple, OpRecord]:
+    """Each compiled program execution and each Fused eager cluster as one region: a record whose parts
+    are all its kernels' ops (XLA compiles the whole graph once, keyed by its ops, shapes and wiring).
+    A cluster of one kernel is that kernel's region, so a lone op is the same region in every mode."""
+    kernels: dict[tuple, list[OpRecord]] = {}
     for rec in records:
-        if isinstance(rec, OpRecord) and rec.program:
-            kernels.setdefault(rec.program, []).append(rec)
-    return {program: FusedKernel.around(ks[0], tuple(p for k in ks for p in _parts(k)),
-                                        op=f"program[{len(ks)} kernels]")
-            for program, ks in kernels.items()}
+        if isinstance(rec, OpRecord) and (rec.program or getattr(rec, "cluster", 0)):
+            kernels.setdefault(_region_of(rec), []).append(rec)
+    regions: dict[tuple, OpRecord] = {}
+    for where, ks in kernels.items():
+        if where[0] == "cluster" and len(ks) == 1:
+            regions[where] = ks[0]
+        elif where[0] == "cluster":
+            regions[where] = FusedKernel.around(ks[0], tuple(p for k in ks for p in _parts(k)),
+                                                op=f"cluster[{len(ks)} kernels]",
+                                                wiring=tuple(getattr(k, "wiring", ()) for k in ks),
+                                                exits=tuple(getattr(k, "exits", ()) for k in ks))
+        else:
+            regions[where] = FusedKernel.around(ks[0], tuple(p for k in ks for p in _parts(k)),
+                                                op=f"program[{len(ks)} kernels]")
+    return regions
+
+
+def _region_of(rec: OpRecord) -> tuple | None:
+    """The multi-kernel region a kernel belongs to: its compiled program or its eager cluster; None: its own."""
+    if rec.program:
+        return ("program", rec.program)
+    cluster = getattr(rec, "cluster", 0)
+    return ("cluster", cluster) if cluster else None
 
 
 def with_compiles(records: Sequence[Record], chip: ChipSpec, cache: CompileCache) -> list[Record]:
     """``records`` with a compile host record before every op whose region misses ``cache``; a compiled
-    program is one region, looked up at its first kernel."""
+    program and a Fused eager cluster are one region each, looked up at their first kernel."""
     stepped = any(isinstance(rec, StepMarker) for rec in records)
-    programs = _program_regions(records)
+    regions = _regions(records)
     out: list[Record] = []
     for rec in records:
         if isinstance(rec, StepMarker) or (not stepped and isinstance(rec, HostRecord) and rec.event == "sync"):
             cache.new_iteration()
         if isinstance(rec, OpRecord):
-            # a program's region is looked up at its first kernel; its later kernels find None
-            region = programs.pop(rec.program, None) if rec.program else rec
+            # a program's or cluster's region is looked up at its first kernel; its later kernels find None
+            where = _region_of(rec)
+            region = rec if where is None else regions.pop(where, None)
+            in_cluster = region is not None and where is not None and where[0] == "cluster"
+            cache.clusters += in_cluster
             if region is not None and not cache.lookup(region):
-                out.append(HostRecord(seq=rec.seq, event="dispatch", reason="compile", seconds=chip.compile_s,
+                cache.clusters_compiled += in_cluster
+                seconds = compile_seconds(region, chip)
+                cache.compile_s += seconds
+                out.append(HostRecord(seq=rec.seq, event="dispatch", reason="compile", seconds=seconds,
                                       source=rec.source, rank=rec.rank))
         out.append(rec)
     return out

@@ -6,20 +6,15 @@ on-chip memory, so a chain of small elementwise ops costs about what its first i
 output cost to move. ``fuse(records, chip)`` is a pure trace transform; ``tpusim.modes``
 turns it into the Fused eager policy.
 
-**Windows** (what the host records before anything runs) end at:
-
-- host syncs and copies (``sync``, ``h2d``, ``d2h``): the host needs a value, so the
-  window must run now;
-- collectives: they stay their own kernels (the network prices them);
-- non-fusible ops (role ``opaque``): SparseCore and DMA work, ops the backend had no cost
-  rule for (no FLOPs, no transcendentals: we do not know what they do), and the names
-  of the opaque family in ``tpusim.ops`` (sorts, data-dependent shapes);
-- step markers (a step's end is a natural flush point and keeps steps comparable);
-- a change of eager mode (``mode``): what was recorded in the old mode runs as it was;
-- ``WINDOW_OPS`` ops.
-
-Where a window ends is ``tpusim.windows.WindowCutter``'s decision (the PJRT fused target asks
-the same cutter, so both make the same windows).
+**Windows** (TorchTPU's clusters: what the host defers before anything runs, compiled as one
+executable) end where ``tpusim.windows.WindowCutter`` says: at host syncs and copies,
+collectives, non-fusible ops (role ``opaque``: SparseCore and DMA work, ops without counted
+work, the opaque family of ``tpusim.ops``; they run alone), step markers, a change of eager
+mode, and by TorchTPU's heuristics (fanout, reexecution, stale, forced split, dynamic shapes,
+repeated layers; the cutter's docstring says what each does). ``op_node`` is what the cutter
+sees of an op (the PJRT fused target feeds it the same for the ops it runs, so both make the
+same clusters). Each kernel of a cluster carries its number and the rule that ended it
+(``FusedKernel.cluster``, ``.cut``): the compile cache keys the cluster as one region.
 
 **Grouping.** Within a window, ops are taken in program order and grouped by data
 dependence (which write of which storage id each input reads). An op joins the kernel(s)
@@ -93,7 +88,7 @@ from tpusim.trace import (
     StepMarker,
     TensorMeta,
 )
-from tpusim.windows import WindowCutter
+from tpusim.windows import Node, WindowCutter, node_key
 
 WINDOW_REASON = "fused_window"   # HostRecord reason of the host time spent recording a window
 PROGRAM_REASON = "program_launch"  # HostRecord reason of a compiled program's one launch
@@ -138,6 +133,8 @@ class FusedKernel(OpRecord):
     onchip_bytes: float = 0.0       # HBM bytes saved: on-chip intermediates' writes and reads
     reused_bytes: float = 0.0       # HBM bytes saved: a value entering once, read by several parts
     spilled_bytes: float = 0.0      # on-chip traffic that did not fit VMEM, counted as HBM
+    cluster: int = 0                # the eager cluster (one compiled executable) it belongs to, from 1; 0: none
+    cut: str = ""                   # why that cluster ended (a tpusim.windows.CUTS key)
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -154,10 +151,11 @@ class FusedKernel(OpRecord):
 class FusionStats:
     """What fusion did to one record stream (for the report)."""
 
-    ops: int = 0                    # ops that went into windows
-    kernels: int = 0                # kernels those windows became
-    windows: int = 0
-    cuts: dict[str, int] = field(default_factory=dict)   # why windows ended: sync, collective, size, ...
+    ops: int = 0                    # ops that went into clusters (windows)
+    kernels: int = 0                # kernels those clusters became
+    windows: int = 0                # eager clusters, each one compiled executable
+    cuts: dict[str, int] = field(default_factory=dict)   # why clusters ended: sync, fanout, repeated, ...
+    clusters_compiled: int = 0      # distinct clusters (compile-cache misses among them; set by planning)
     onchip_bytes: float = 0.0
     reused_bytes: float = 0.0
     spilled_bytes: float = 0.0
@@ -411,6 +409,15 @@ def _cut_reason(rec: Record) -> str:
     return "opaque"
 
 
+def op_node(rec: OpRecord) -> Node:
+    """An eager op as the window cutter's deferred graph sees it: its hash, the storages it reads and
+    writes, whether fusion lets it join a cluster."""
+    return Node(key=node_key(rec.op, tuple((t.shape, t.dtype) for t in rec.inputs)),
+                reads=tuple(t.storage for t in rec.inputs), writes=tuple(t.storage for t in rec.outputs),
+                fusible=RULES[role_of(rec)].fusible, name=rec.op, source=rec.source,
+                results=tuple(t.shape for t in rec.outputs))
+
+
 def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.0, eager: bool = True) -> Fused:
     """Group ``records`` into fused kernels (see the module docstring).
 
@@ -428,7 +435,7 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
     cutter = WindowCutter()
     totals = Counter()
 
-    def flush(end: int) -> None:
+    def flush(end: int, reason: str) -> None:
         if not window:
             out.extend(m for _, m in held)
             held.clear()
@@ -437,8 +444,11 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
         for pos in window:
             grouper.add(pos)
         kernels, kept, emitted = [], set(), {}
+        cluster = 0 if program else cutter.windows
         for members in grouper.kernels():
             kernel, on_chip = _kernel(records, flow, members, end, chip)
+            if cluster:
+                kernel = dataclasses.replace(kernel, cluster=cluster, cut=reason)
             emitted.update(dict.fromkeys(members, len(kernels)))
             kernels.append(kernel)
             kept |= on_chip
@@ -466,27 +476,25 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
             continue
         ran_in = rec.program if isinstance(rec, OpRecord) else 0
         if ran_in != program:
-            cutter.boundary("program")              # a program starts or ends: it is a window of its own
-            flush(pos)
+            flush(pos, cutter.boundary("program"))  # a program starts or ends: it is a window of its own
             program = ran_in
         if program:
             window.append(pos)                      # whole-program fusion: no size limit, opaque ops run alone
         elif isinstance(rec, OpRecord) and eager:
-            fusible = RULES[role_of(rec)].fusible
-            if cutter.admit(fusible):
-                flush(pos)
-            if fusible:
+            node = op_node(rec)
+            reason = cutter.admit(node)
+            if reason is not None:
+                flush(pos, reason)
+            if node.fusible:
                 window.append(pos)
             else:
                 out.append(rec)
         elif isinstance(rec, HostRecord) and rec.event == "dispatch" and not rec.reason.startswith(MODE_CHANGE_REASON):
             out.append(rec)
         else:
-            cutter.boundary(_cut_reason(rec))
-            flush(pos)
+            flush(pos, cutter.boundary(_cut_reason(rec)))
             out.append(rec)
-    cutter.boundary("end")
-    flush(len(records))
+    flush(len(records), cutter.boundary("end"))
     stats = FusionStats(ops=totals["ops"], kernels=totals["kernels"], windows=cutter.windows,
                         cuts=dict(sorted(cutter.cuts.items())), onchip_bytes=float(totals["onchip"]),
                         reused_bytes=float(totals["reused"]), spilled_bytes=float(totals["spilled"]),

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import math
 import os
+import re
 import tomllib
 import typing
 from dataclasses import dataclass
@@ -68,7 +69,7 @@ class ChipSpec:
     # Software costs the simulator needs (all estimates where no public number exists)
     kernel_launch_ns: float              # fixed cost of issuing one kernel on a TensorCore
     host_dispatch_ns: float              # host-side cost of dispatching one eager op
-    compile_s: float                     # compiling one fused region (first sight)
+    compile_s: float                     # compiling one region (first sight): the fixed part
     collective_overhead_ns: float        # fixed cost of starting one collective
     # Names and defaults (optional in a file: a field with a default here)
     jax_device_kinds: tuple[str, ...] = ()   # what JAX's Device.device_kind says on this chip ("TPU v5 lite")
@@ -78,6 +79,11 @@ class ChipSpec:
     # Devices a chip exposes to software (optional, sourced): 1, or 2 on v7 (one per TensorCore); the tpu
     # device shows each as one device with its share of the chip's HBM
     devices_per_chip: int = 1
+    # Slice shapes the generation is offered in (optional, sourced; tpusim/slice_shapes.py reads them):
+    # "2x2x4", axes in any order; none listed = no check (a custom chip for a what-if study)
+    slice_shapes: tuple[str, ...] = ()
+    # Compiling a region also costs this much per op in it (optional, sourced; 0 = compile_s flat)
+    compile_per_op_s: float = 0.0
 
     @property
     def mxus_per_chip(self) -> int:
@@ -342,6 +348,10 @@ def _check_consistency(path: str, values: dict[str, object]) -> None:
     if len(values["max_slice_shape"]) != values["torus_dims"]:
         raise TpusimError(f"{path}: [max_slice_shape] has {len(values['max_slice_shape'])} axes but "
                           f"torus_dims is {values['torus_dims']}")
+    for shape in values.get("slice_shapes", ()):
+        if not re.fullmatch(r"[1-9][0-9]*(x[1-9][0-9]*)*", shape) or shape.count("x") + 1 != values["torus_dims"]:
+            raise TpusimError(f"{path}: [slice_shapes] lists {shape!r}; each shape is {values['torus_dims']} "
+                              f"axis lengths joined by x, e.g. {'2x2x4' if values['torus_dims'] == 3 else '2x4'}")
     for ndims in values.get("default_for_dims", ()):
         if max(ndims, 2) != values["torus_dims"]:
             raise TpusimError(f"{path}: default_for_dims lists {ndims} but the chip is a {values['torus_dims']}-D "

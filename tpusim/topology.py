@@ -54,6 +54,7 @@ import networkx as nx
 
 from tpusim import spec as _spec
 from tpusim.errors import TpusimError, plain_text, shown
+from tpusim.slice_shapes import shape_note
 from tpusim.spec import ChipSpec
 
 AXIS_NAMES = ("x", "y", "z")
@@ -193,6 +194,7 @@ class Slice:
     num_slices: int = 1
     default_chip_used: bool = False
     faults: Faults = NO_FAULTS
+    shape_note: str | None = None     # not a shape the chip is offered in (tpusim.slice_shapes); priced anyway
 
     # ---- sizes -------------------------------------------------------------------------------
     @property
@@ -465,6 +467,7 @@ class Slice:
             "spec": self.spec,
             "chip": self.chip.name,
             "default_chip_used": self.default_chip_used,
+            "shape_note": self.shape_note,
             "dims": list(self.dims),
             "axis_names": list(self.axis_names),
             "wrap": list(self.wrap),
@@ -611,4 +614,4 @@ def build_slice(
             raise TpusimError(f"topology {spec} cannot be twisted with wrap={wraps}: a twisted torus "
                               f"wraps every axis")
     return Slice(spec=format_topology(dims), dims=dims, wrap=wraps, twisted=bool(twisted), chip=cs,
-                 num_slices=slices, default_chip_used=default_used)
+                 num_slices=slices, default_chip_used=default_used, shape_note=shape_note(dims, cs))

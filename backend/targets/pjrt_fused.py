@@ -1,4 +1,4 @@
-"""Fused eager on the PJRT target: the windows of tpusim.fusion, each run as one jitted XLA program.
+"""Fused eager on the PJRT target: the clusters of tpusim.fusion, each run as one jitted XLA program.
 
 Why the same windows: the simulator prices Fused eager by cutting the op stream into windows
 (tpusim/fusion.py); on the PJRT target those windows really compile and run. Where a window ends
@@ -19,7 +19,12 @@ so a program recorded while it runs here is priced with the windows that ran:
 - ``collective``: a collective of the tpusim c10d backend;
 - ``program``: a torch.compile'd graph (backend/compile.py) runs;
 - ``step``: ``optimizer.step()`` returned;
-- ``size``: an op arrives while the window holds ``tpusim.windows.WINDOW_OPS`` ops;
+- TorchTPU's heuristics (``tpusim.windows``): ``fanout``, ``reexecution``, ``stale``, ``dynamic``,
+  ``repeated`` (``split`` too, though torch.tpu.ops' kernels run on the host here). The cutter sees each
+  op as ``op_node`` builds it (its name and input shapes, the storages it reads and writes, the user's
+  line from backend/source.py), as ``tpusim.fusion.op_node`` does from the op's record; a host op's
+  fresh results join the graph once it ran (``WindowCutter.wrote``);
+- ``size``: an op arrives while the window holds ``tpusim.windows.MAX_CLUSTER_OPS`` ops;
 - ``mode``: the eager mode changed (pending work runs as it was recorded);
 - ``end``: ``pjrt.flush()`` or ``pjrt.disable()`` (for fusion: the end of the trace).
 
@@ -62,7 +67,7 @@ import numpy as np
 import torch
 from jax import lax
 from torch.optim.optimizer import register_optimizer_step_post_hook
-from tpusim.backend import costs, native_hooks
+from tpusim.backend import costs, native_hooks, source
 from tpusim.backend.lowering import jax_to_tensor, tensor_to_numpy
 from tpusim.backend.lowering.dtypes import jax_dtype, torch_dtype
 from tpusim.backend.state import STATE
@@ -70,7 +75,7 @@ from tpusim.backend.targets.pjrt_ops import Compiled, OpInfo, Stats, operands, r
 
 from tpusim.fusion import RULES
 from tpusim.ops import Family, fusion_role
-from tpusim.windows import WindowCutter
+from tpusim.windows import Node, WindowCutter, node_key
 
 Key = tuple
 OWN_CUTS = ("alias", "host", "resize")   # the cuts only this target makes (tpusim.windows.CUTS says why)
@@ -96,6 +101,15 @@ def native_cut(kind: str, a: torch.Tensor, b: torch.Tensor | None) -> str:
         return "sync"
     on_device = (a.device.type == "tpu", b.device.type == "tpu")
     return {(True, True): "opaque", (True, False): "sync"}.get(on_device, "h2d")
+
+
+def op_node(name: str, reads: list[torch.Tensor], writes: list[torch.Tensor]) -> Node:
+    """A fusible op as the window cutter's deferred graph sees it (``tpusim.fusion.op_node`` builds the same
+    from the op's record): its hash, the storages it reads and writes, the user's line issuing it."""
+    return Node(key=node_key(name, tuple((tuple(t.shape), str(t.dtype)) for t in reads)),
+                reads=tuple(t.untyped_storage().data_ptr() for t in reads),
+                writes=tuple(t.untyped_storage().data_ptr() for t in writes), name=name,
+                source=source.user_source(), results=tuple(tuple(t.shape) for t in writes))
 
 
 # ---------------------------------------------------------------- views of pending values
@@ -185,6 +199,7 @@ class Window:
         self._described: dict[tuple, tuple] = {}              # op signature -> (output shapes, fusible)
         self._host_fusible: dict[tuple, bool] = {}
         self._specs: dict[tuple, tuple | None] = {}
+        self._host_name = ""                                  # the host op host_fusible was last asked about
         self._step_hook = None
         self._clear()
 
@@ -248,6 +263,7 @@ class Window:
     def host_fusible(self, sig: tuple, name: str, inputs: list[torch.Tensor], outputs: Callable[[], list],
                      args: tuple) -> bool:
         """``fusible`` of an op the host runs, once per signature (``outputs`` is called only then)."""
+        self._host_name = name
         if sig not in self._host_fusible:
             self._host_fusible[sig] = fusible(name, inputs, outputs(), args)
         return self._host_fusible[sig]
@@ -276,32 +292,38 @@ class Window:
 
     # ------------------------------------------------------------ counting ops in (the cutter)
 
-    def _admit(self, fusible: bool) -> None:
+    def _admit(self, node: Node) -> None:
         """Count one op in as fusion does; a cut the cutter makes before it runs the pending program."""
-        if self.cutter.admit(fusible) is not None:
+        if self.cutter.admit(node) is not None:
             self._run_pending()
 
-    def _cut_before(self, reason: str) -> None:
+    def _cut_before(self, reason: str, node: Node) -> None:
         """End the window before the op just admitted (a cause of this target's own); the op opens
         the next window, as it would have joined the old one."""
         self.cut(reason)
-        self.cutter.admit(True)
+        self.cutter.join(node)
 
     # ------------------------------------------------------------ recording ops
 
-    def alone(self, run: Callable[[], object]) -> object:
-        """Run a non-fusible op now, alone, as fusion does: the pending window ends first (``opaque``)."""
-        self._admit(False)
+    def alone(self, run: Callable[[], object], name: str | None = None) -> object:
+        """Run a non-fusible op now, alone, as fusion does: the pending window ends first (``opaque``, or
+        ``dynamic`` for an op with a data-dependent shape). ``name``: the host op asked about last."""
+        self._admit(Node(key=None, fusible=False, name=self._host_name if name is None else name))
         return run()
 
     def outside(self, reason: str, reads: list[torch.Tensor], writes: list[torch.Tensor],
-                run: Callable[[], object]) -> object:
+                run: Callable[[], object], name: str | None = None) -> object:
         """Run a fusible op now, outside the program: it counts as a member either way; only if it
         touches pending work, that work runs first (cut ``reason``)."""
-        self._admit(True)
+        node = op_node(self._host_name if name is None else name, reads, writes)
+        self._admit(node)
         if self._touches(reads, writes):
-            self._cut_before(reason)
-        return run()
+            self._cut_before(reason, node)
+        result = run()
+        made = [t for t in (result if isinstance(result, (tuple, list)) else [result])
+                if isinstance(t, torch.Tensor) and not any(t is w for w in writes)]
+        self.cutter.wrote(node, [t.untyped_storage().data_ptr() for t in made])   # fresh results join the graph
+        return result
 
     def add(self, name: str, info: OpInfo, fn: Compiled, args: tuple, kwargs: dict, outs: dict) -> object:
         """Append one lowered op (its outputs get host memory now and bytes when the window runs)."""
@@ -310,32 +332,35 @@ class Window:
         scalars = inputs[len(tensors):]
         shapes, joins = self._describe(fn, name, tensors, scalars, args)
         if not joins:
-            return self.alone(lambda: run_now(info, fn, args, kwargs, outs, self.stats))
+            return self.alone(lambda: run_now(info, fn, args, kwargs, outs, self.stats), name)
         multi = isinstance(shapes, (tuple, list))
         leaves = list(shapes) if multi else [shapes]
         targets = _targets(info, args, outs, leaves)
         why = _outside_reason(info, targets, leaves)
         if why is not None:
-            return self.outside(why, tensors, targets or [], lambda: run_now(info, fn, args, kwargs, outs, self.stats))
-        targets = self._append(fn, tensors, scalars, targets, leaves, multi)
+            return self.outside(why, tensors, targets or [], lambda: run_now(info, fn, args, kwargs, outs, self.stats),
+                                name)
+        targets = self._append(name, fn, tensors, scalars, targets, leaves, multi)
         if info.kind == "inplace":
             return targets[0]
         if info.kind == "out":
             return targets[0] if len(targets) == 1 else tuple(targets)
         return tuple(targets) if multi else targets[0]
 
-    def _append(self, fn: Compiled, tensors: list[torch.Tensor], scalars: list[float],
+    def _append(self, name: str, fn: Compiled, tensors: list[torch.Tensor], scalars: list[float],
                 targets: list[torch.Tensor] | None, leaves: list, multi: bool) -> list[torch.Tensor]:
         """Wire one op into the window; ``targets`` None: fresh host tensors for its outputs (returned)."""
-        self._admit(True)
-        read_keys = [_key(t) for t in tensors]
-        write_keys = [_key(t) for t in targets or []]
-        if any(self._unreadable(k) for k in read_keys) or any(self._unwritable(k) for k in write_keys):
-            self._cut_before("alias")
-        refs = tuple(self._ref(t, k) for t, k in zip(tensors, read_keys)) + tuple(self._scalar(x) for x in scalars)
         fresh = targets is None
         if fresh:
             targets = [torch.empty(tuple(s.shape), dtype=torch_dtype(s.dtype)) for s in leaves]
+        node = op_node(name, tensors, targets)
+        self._admit(node)
+        read_keys = [_key(t) for t in tensors]
+        write_keys = [] if fresh else [_key(t) for t in targets]
+        if any(self._unreadable(k) for k in read_keys) or any(self._unwritable(k) for k in write_keys):
+            self._cut_before("alias", node)
+        refs = tuple(self._ref(t, k) for t, k in zip(tensors, read_keys)) + tuple(self._scalar(x) for x in scalars)
+        if fresh:
             write_keys = [_key(t) for t in targets]
         first = self.n_values
         for t, k in zip(targets, write_keys):

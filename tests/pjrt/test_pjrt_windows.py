@@ -29,10 +29,10 @@ from tpusim.backend.targets.pjrt_fused import OWN_CUTS
 import tpusim
 from tpusim.fusion import FusionStats, fuse
 from tpusim.spec import load_chip
-from tpusim.windows import CUTS, WINDOW_OPS
+from tpusim.windows import CUTS
 
 STEPS = 3
-TAIL = 300                       # elementwise pairs after training: more than two WINDOW_OPS windows
+TAIL = 300                       # elementwise pairs after training: a loop-carried chain
 
 
 class MLP(nn.Module):
@@ -48,7 +48,8 @@ def program(device: str) -> tuple[list[float], torch.Tensor]:
     """A few training steps touching every cut an eager one-process program makes (collectives and
     compiled graphs: tests below): host->device copies with work pending (h2d),
     .item() after backward (sync), momentum buffers cloned on the first step (a device copy: opaque),
-    optimizer.step() (step), topk (opaque); then a long elementwise tail (size), left pending (end)."""
+    optimizer.step() (step), topk (opaque); then a long loop-carried elementwise tail (reexecution: each
+    iteration a cluster of its own), left pending (end)."""
     torch.manual_seed(0)
     model = MLP().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -94,8 +95,9 @@ def test_windows_and_cuts_equal_the_fusion_model(fused: None) -> None:
     assert losses == pytest.approx(ref_losses, rel=1e-5)
     torch.testing.assert_close(z.cpu(), ref_z)
     assert (stats.windows, stats.cuts) == (model.windows, model.cuts)
-    assert set(model.cuts) == {"h2d", "opaque", "step", "sync", "size", "end"}    # collective, program: below
-    assert model.cuts["size"] == 2 * TAIL // WINDOW_OPS and model.cuts["step"] == STEPS
+    # collective, program: below; the tail's last cluster ends where the repeat detector ends it, not at the end
+    assert set(model.cuts) == {"fanout", "h2d", "opaque", "reexecution", "repeated", "step", "sync"}
+    assert model.cuts["step"] == STEPS
     assert stats.host_ops == 0, pjrt.host_ops()
 
 
@@ -130,9 +132,9 @@ def test_explicit_step_and_synchronize_cut_only_in_the_fusion_model(fused: None)
 def test_views_of_pending_values_are_read_inside_the_window(fused: None) -> None:
     a = torch.randn(8, 6)
     t = a.to("tpu")
-    h = t * 2                                           # pending, contiguous
-    got = h.t() @ h + h.sum(1, keepdim=True).expand(8, 6).sum(0) + h[:, 1:3].sum()   # transposed, expanded, sliced
-    ref = (a * 2).t() @ (a * 2) + (a * 2).sum(1, keepdim=True).expand(8, 6).sum(0) + (a * 2)[:, 1:3].sum()
+    h, g, f = t * 2, t * 3, t * 4                       # pending, contiguous; each read by one op (no fanout)
+    got = h.t() @ h + g.sum(1, keepdim=True).expand(8, 6).sum(0) + f[:, 1:3].sum()   # transposed, expanded, sliced
+    ref = (a * 2).t() @ (a * 2) + (a * 3).sum(1, keepdim=True).expand(8, 6).sum(0) + (a * 4)[:, 1:3].sum()
     torch.testing.assert_close(got.cpu(), ref)
     assert pjrt.stats().cuts == {"sync": 1} and pjrt.stats().windows == 1
 

@@ -86,3 +86,30 @@ def test_script_prints_go_above_the_bar_whole_lines_only():
     above.close_out()
     bar.close()
     assert out.getvalue() == "step 1: loss 0.5\nstep 2"
+
+
+def test_compare_reads_a_version_2_report_and_says_its_median_meant_something_else(tmp_path, capsys):
+    import json
+
+    from tpusim.report.load import load_report
+    from tpusim.report.model import SCHEMA_VERSION
+
+    assert SCHEMA_VERSION == 3                 # step_time_median_s and mfu: the steady state since version 3
+    trace = training_trace()
+    slice_ = build_slice("3d:1x1x1")
+    timelines = {"strict": price(trace, topology=slice_, mode="strict")}
+    new = build_report(RunInfo("model.py"), trace, slice_, timelines)
+    write_report(tmp_path / "v3", new, timelines)
+    old = json.loads((tmp_path / "v3" / "report.json").read_text())
+    old["version"] = 2
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "v2" / "report.json").write_text(json.dumps(old))
+    old_loaded, _ = load_report(tmp_path / "v2")
+    new_loaded, _ = load_report(tmp_path / "v3")
+    mixed = [n for n in notes(old_loaded, new_loaded) if "version 2 report" in n]
+    assert mixed and "every step after the first (warm-up compiles included)" in mixed[0]
+    assert "the steady-state steps" in mixed[0]
+    assert not any("version" in n for n in notes(new_loaded, new_loaded))
+    assert not any("version" in n for n in notes(old_loaded, old_loaded))
+    assert main(["compare", str(tmp_path / "v2"), str(tmp_path / "v3")]) == 0
+    assert "note: A is a version 2 report and B a version 3 one" in capsys.readouterr().out

@@ -61,6 +61,19 @@ def test_a_run_without_steps_says_so_instead_of_a_step_time():
     assert row.split()[-2:] == ["no", "steps"] and "no steps marked" in table.splitlines()[0]
     assert report["modes"]["strict"]["headline"]["step_s"] is None
     assert "1 chip)" in table.splitlines()[0]          # not "1 chips"
+    assert report["modes"]["strict"]["headline"]["verdict"].startswith("no steps marked, so over the whole program: ")
+
+
+def test_a_program_where_nothing_ran_on_the_device_is_bound_by_nothing():
+    slice_ = build_slice("3d:1x1x1", "v5p")
+    trace = Trace(renumber([StepMarker(0, 0)]))
+    timeline = price(trace, topology=slice_, mode="strict")
+    report = build_report(RunInfo("x.py"), trace, slice_, {"strict": timeline})
+    head = report["modes"]["strict"]["headline"]
+    assert head["bound"] is None and head["levers"] == []
+    assert head["verdict"] == "nothing ran on the device (no kernels): no bound to report"
+    row = next(line for line in summary_table(report, "out").splitlines() if line.startswith("bound by"))
+    assert row.split()[-1] == "-"
 
 
 def test_every_step_compiling_keeps_the_last_as_steady_state():

@@ -89,6 +89,7 @@ def label(report: dict[str, Any]) -> str:
 
 def notes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """What to know before reading the ratios: different programs, incomplete runs."""
+    from tpusim.report.load import STEADY_MEDIAN_SINCE, median_meaning
     from tpusim.report.model import incomplete_reason
 
     found = []
@@ -104,6 +105,13 @@ def notes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
         found.append(f"A and B priced different slices (A: {a['run']['topology']} of {a['run']['chip']}, "
                      f"B: {b['run']['topology']} of {b['run']['chip']}): the ratios include the change of chip "
                      f"and torus shape, not only the program")
+    if (a["version"] >= STEADY_MEDIAN_SINCE) != (b["version"] >= STEADY_MEDIAN_SINCE):
+        found.append(f"A is a version {a['version']} report and B a version {b['version']} one: A's step time "
+                     f"median (and MFU) is over {median_meaning(a)}, B's over {median_meaning(b)}; run the "
+                     f"older one again for a like-for-like comparison")
+    for name, report in (("A", a), ("B", b)):
+        if report["slice"].get("shape_note"):
+            found.append(f"{name}: {report['slice']['shape_note']}")
     for name, report in (("A", a), ("B", b)):
         reason = incomplete_reason(report)
         if reason:

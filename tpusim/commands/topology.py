@@ -131,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
     ]
     if slice_.num_slices > 1:
         lines.append(f"  DCN              {format_rate(chip.dcn_bytes_per_s)} per chip between slices")
+    if slice_.shape_note:
+        lines.append(f"  warning          {slice_.shape_note}")
     if not all(slice_.wrap):
         lines.append("  note             an axis without wraparound is a line, not a ring: collectives on "
                      "it take about 2x as long")

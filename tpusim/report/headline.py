@@ -9,7 +9,8 @@ computed from the Timeline in one place (report.json ``modes.<mode>.headline``) 
 - MFU: those FLOPs over what the chip could do at the peak of the dtypes actually used (each op's
   FLOPs at its own dtype's MXU peak: bf16, f32, int8, fp8; dtypes without an MXU rate at bf16's).
 - exposed communication share: device time waiting for collectives, over the step.
-- bound: the largest share of the step (BOUNDS below), with the lint codes that would move it.
+- bound: the largest share of the step (BOUNDS below), with the lint codes that would move it; None when
+  no kernel ran (an idle device is bound by nothing); without steps the verdict says it is the whole program's.
 """
 
 from __future__ import annotations
@@ -89,6 +90,11 @@ def headline(timeline: Timeline, trace: Trace, chip: ChipSpec, steps: Steps, ste
     bound = max(shares, key=shares.__getitem__)
     _, words, codes = BOUNDS[bound]
     levers = sorted(code for code in codes if code in warning_codes)
+    line = verdict(bound, shares[bound], words, levers)
+    if not any(e.kind == "op" for e in timeline.events):     # an idle device is bound by nothing
+        bound, levers, line = None, [], "nothing ran on the device (no kernels): no bound to report"
+    elif not steps.count:
+        line = f"no steps marked, so over the whole program: {line}"
     return {
         "step_s": step_s,
         "tokens_per_step": tokens_per_step,
@@ -104,7 +110,7 @@ def headline(timeline: Timeline, trace: Trace, chip: ChipSpec, steps: Steps, ste
         "exposed_comm_share": step_device.get("collective_exposed", 0.0) / seconds if seconds else 0.0,
         "bound": bound,
         "bound_shares": shares,
-        "verdict": verdict(bound, shares[bound], words, levers),
+        "verdict": line,
         "levers": levers,
     }
 

@@ -60,7 +60,7 @@ def headline_cards(mode: dict[str, Any], name: str) -> list[tuple[str, str]]:
               ("HBM peak", f"{format_bytes(mode['hbm']['peak_bytes'])} "
                            f"of {format_bytes(mode['hbm']['capacity_bytes'])}"),
               ("exposed communication", percent_text(head.get("exposed_comm_share"))),
-              ("bound by", head.get("bound", "-"))]
+              ("bound by", head.get("bound") or "-")]
     return cards
 
 
@@ -107,6 +107,8 @@ def render_html(report: dict[str, Any], figures: dict[str, Path]) -> str:
         traceback = (report.get("error") or {}).get("traceback")
         parts.append(f"<p class='bad'><b>Incomplete:</b> {html.escape(reason)}; the numbers cover what ran "
                      f"before.</p>" + (f"<pre>{html.escape(traceback)}</pre>" if traceback else ""))
+    if report["slice"].get("shape_note"):
+        parts.append(f"<p class='bad'><b>Slice shape:</b> {html.escape(report['slice']['shape_note'])}</p>")
     parts.append("<div class='cards'>" + "".join(f"<div class='card'>{html.escape(k)}<b>{html.escape(str(v))}</b>"
                                                  "</div>" for k, v in cards) + "</div>")
     if best and (summary.get("headline") or {}).get("verdict"):

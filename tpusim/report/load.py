@@ -3,7 +3,9 @@ checked first, so a file that is not a tpusim report of a version this tpusim re
 that says what the file is and what is expected, never a KeyError from deep inside a reader.
 
 Versions read: ``READ_VERSIONS``. Version 1 lacks ``exit_code`` and ``interrupted`` (readers use
-``.get``); everything else a reader needs is the same.
+``.get``); versions 1 and 2 took ``step_time_median_s`` (and ``mfu``) over every step after the first,
+warm-up compiles included, where version 3 takes the steady state (``median_meaning`` says which, and
+``tpusim compare`` notes a mixed pair); everything else a reader needs is the same.
 """
 
 from __future__ import annotations
@@ -16,7 +18,15 @@ from typing import Any
 from tpusim.errors import TpusimError, shown
 from tpusim.report.model import SCHEMA, SCHEMA_VERSION
 
-READ_VERSIONS = (1, SCHEMA_VERSION)
+READ_VERSIONS = (1, 2, SCHEMA_VERSION)
+STEADY_MEDIAN_SINCE = 3     # the first version whose step_time_median_s leaves warm-up steps out
+
+
+def median_meaning(report: dict[str, Any]) -> str:
+    """What a checked report's ``step_time_median_s`` is the median of, in words."""
+    if report["version"] >= STEADY_MEDIAN_SINCE:
+        return "the steady-state steps (warm-up steps that compiled left out)"
+    return "every step after the first (warm-up compiles included)"
 
 # what readers need, by JSON path: "text", "number", "whole", "flag", "list", "object"
 _TOP = {"complete": "flag", "run": "object", "chip": "object", "slice": "object", "program": "object",

@@ -9,10 +9,13 @@ The same inputs give a byte-identical file: no wall-clock times (except in ``mea
 only --target pjrt writes), sorted keys, floats rounded to 9 significant digits, lists in a
 defined order.
 
-Schema ``tpusim-report`` version 2 (version 1 lacked ``exit_code`` and ``interrupted``, and read
-``complete: true`` after ``sys.exit(3)``; ``tpusim.report.load`` reads both)::
+Schema ``tpusim-report`` version 3. Version 3: ``step_time_median_s`` and ``mfu`` are the steady state's
+(warm-up steps that compiled are left out: ``steps``); in version 2 the median took every step after the
+first, warm-up compiles included. Version 1 also lacked ``exit_code`` and ``interrupted`` and read
+``complete: true`` after ``sys.exit(3)``. ``tpusim.report.load`` reads all three; ``tpusim compare`` says
+when it compares a version 3 report with an older one::
 
-    schema, version            "tpusim-report", 2
+    schema, version            "tpusim-report", 3
     complete                   true only when the script ran to its end with exit status 0, nothing
                                was interrupted and every mode asked for was priced
     error                      {type, traceback} when the script raised, else null
@@ -23,7 +26,8 @@ Schema ``tpusim-report`` version 2 (version 1 lacked ``exit_code`` and ``interru
     run                        script, argv, tpusim_version, torch_version, chip, topology,
                                world_size, modes, numerics, target, tokens_per_step (--tokens-per-step; null)
     chip                       name, display_name and the peaks the report compares against
-    slice                      Slice.to_dict(): chips, dims, wrap, links, diameter, bisection
+    slice                      Slice.to_dict(): chips, dims, wrap, links, diameter, bisection; shape_note
+                               (null, or why the shape is no slice the chip is offered in: tpusim/slice_shapes.py)
     program                    what one rank's trace holds: ops, collectives, syncs, steps, model_flops;
                                ranks_recorded (1, or every rank with --ranks all)
     modes.<mode>               one entry per eager mode priced (debug, strict, fused):
@@ -52,10 +56,11 @@ Schema ``tpusim-report`` version 2 (version 1 lacked ``exit_code`` and ``interru
       kernels                  kernels launched (per rank)
       hbm_bytes_moved          HBM bytes read + written by all kernels (fused: only values that
                                enter or leave a kernel)
-      compile_cache            regions (kernel launches looked up), hits, misses, compile_s (misses x
-                               chip compile_s), recompile_count, recompiles: [{seq, source, op,
-                               old_shapes, new_shapes}] (first RECOMPILES_LISTED; a recompile is a
-                               miss at a known source position with new shapes)
+      compile_cache            regions (kernel launches looked up), hits, misses, compile_s (each miss:
+                               chip compile_s + compile_per_op_s x its ops), recompile_count,
+                               recompiles: [{seq, source, op, old_shapes, new_shapes}] (first
+                               RECOMPILES_LISTED; a recompile is a miss at a known source position
+                               with new shapes)
       fusion                   fused, or any mode of a program with torch.compile'd graphs, else null:
                                ops (in eager windows), kernels, windows (Fused clusters), cuts {rule
                                that ended a cluster: count}, clusters_compiled (distinct clusters),
@@ -120,7 +125,7 @@ from tpusim.topology import Slice
 from tpusim.trace import CollectiveRecord, HostRecord, OpRecord, StepMarker, Trace
 
 SCHEMA = "tpusim-report"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 TOP_OPS = 20
 RECOMPILES_LISTED = 20
 DEVICE_TERMS = ("mxu", "vpu", "transcendental", "hbm", "sparsecore", "launch")

@@ -59,7 +59,7 @@ def headline_rows(modes: dict[str, Any], names: list[str]) -> list[tuple[str, li
     rows += [("TFLOP/s per chip", [f"{head[m].get('tflops_per_s_per_chip', 0.0):.3g}" for m in names]),
              ("MFU (dtype peak)", [percent_text(modes[m]["mfu"]) for m in names]),
              ("exposed comm share", [percent_text(head[m].get("exposed_comm_share")) for m in names]),
-             ("bound by", [head[m].get("bound", "-") for m in names])]
+             ("bound by", [head[m].get("bound") or "-" for m in names])]
     return rows
 
 
@@ -95,6 +95,8 @@ def summary_table(report: dict[str, Any], out_dir: str) -> str:
     lines = [f"tpusim: {run['script']} on {run['topology']} ({report['chip']['display_name']}, "
              f"{_chips(report['slice']['chips'])}) - {program['ops']} ops, {program['collectives']} collectives, "
              f"{steps}{per_rank}"]
+    if report["slice"].get("shape_note"):
+        lines.append(f"warning: {report['slice']['shape_note']}")
     lines += _columns(names, rows) if names else ["no eager mode was priced"]
     lines += warmup_lines(modes)
     lines += verdict_lines(modes)

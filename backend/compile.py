@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 import torch.fx
 from tpusim.backend import recorder
+from tpusim.backend.collective_graph import SegmentedGraph, has_collectives
 from tpusim.backend.import_hooks import after_import
 from tpusim.backend.program import Program, program_of
 from tpusim.backend.source import is_internal_file
@@ -80,6 +81,8 @@ class CompiledGraph:
     ops: int               # aten call nodes
     lowered: bool          # False: ran eagerly (ops missing from the table)
     missing: tuple[str, ...] = ()
+    segments: int = 1      # XLA programs it runs as: functional collectives split it (backend/collective_graph.py)
+    collectives: int = 0   # functional collectives in it, run by c10d between the segments
 
 
 @dataclass
@@ -195,7 +198,7 @@ class JaxGraph:
     """One Core ATen graph as a jitted JAX function, called with and returning torch tensors."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str, index: int = 0,
-                 name: str = "") -> None:
+                 name: str = "", part: int | None = None) -> None:
         import jax  # jax and the lowering table: an optional extra, see the module docstring
         from tpusim.backend.lowering import jax_function
         from tpusim.backend.lowering.interpreter import needs_random
@@ -207,7 +210,7 @@ class JaxGraph:
         self.jitted = jax.jit(self.fn)
         self.devices = _output_devices(gm)
         self.specs = [_spec(t) for t in example_inputs]
-        self.label = f"{name + ': ' if name else ''}graph {index} ({kind})"
+        self.label = f"{name + ': ' if name else ''}graph {index} ({kind})" + ("" if part is None else f" part {part}")
         self._program: Program | None = None        # built at the first recorded call
         self._boxed_call = True
 
@@ -281,6 +284,11 @@ def _compiler(kind: str, debug: TpuCompileDebug | None = None, name: str = "") -
         if debug is not None:
             debug.add_graph(kind, gm)
         try:
+            if has_collectives(gm):     # compiled segments with the collectives between them run by c10d
+                graph = SegmentedGraph(gm, lambda sub, fakes, part: JaxGraph(sub, fakes, kind, index, name, part))
+                _REG.graphs.append(CompiledGraph(index, kind, ops, True, segments=graph.compiled_segments,
+                                                 collectives=graph.collectives))
+                return graph
             graph = JaxGraph(gm, example_inputs, kind, index, name)
         except MissingLowering as err:
             warnings.warn(f"tpusim: torch.compile graph {index} ({kind}) runs eagerly: no JAX lowering for "
@@ -386,6 +394,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: object
     ``kwargs``: torch.compile's ``options`` (TorchTPU's, see ``OPTIONS``) and ``mode`` (ignored)."""
     from torch._decomp import core_aten_decompositions  # Dynamo and AOT autograd: heavy, see above
     from torch._dynamo.backends.common import aot_autograd
+    from tpusim.backend.flash_attention import use_fused_attention  # defines ops: only once something compiles
 
     unknown = sorted(set(kwargs) - {"options", "mode"})
     if unknown:
@@ -397,6 +406,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: object
         debug = TpuCompileDebug(pre_autograd_fx_code=[gm.code],
                                 pre_autograd_fx_readable=[gm.print_readable(print_output=False)])
         options["debug_callback"](debug)
+    use_fused_attention(gm)     # SDPA as one fused op, not bmm + softmax + bmm (backend/flash_attention.py)
     return aot_autograd(fw_compiler=_compiler("forward", debug, name), bw_compiler=_compiler("backward", debug, name),
                         inference_compiler=_compiler("inference", debug, name),
                         decompositions=core_aten_decompositions())(gm, example_inputs)

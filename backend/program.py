@@ -119,6 +119,19 @@ def program_of(gm: torch.fx.GraphModule, label: str) -> Program:
     return Program(label, tuple(b.values), tuple(ops), tuple(inputs), outputs)
 
 
+COST_NAMES = {   # backend/flash_attention.py's ops -> the aten op whose cost rule prices them (backend/costs.py)
+    "tpusim::attention": "_scaled_dot_product_fused_attention_overrideable",
+    "tpusim::attention_backward": "_scaled_dot_product_fused_attention_overrideable_backward",
+}
+
+
+def _cost_call(name: str, ins: list, outs: list, args: tuple) -> tuple[str, list, list, tuple]:
+    """tpusim's fused attention ops priced by the aten rule they stand for (backend/flash_attention.py)."""
+    if name == "tpusim::attention_backward":   # (grad, q, k, v, mask, out, lse, causal, scale): causal at 13
+        return COST_NAMES[name], ins, outs, (*args[:4], *(None,) * 9, args[7])
+    return COST_NAMES.get(name, name), ins, outs, args
+
+
 def _op(b: _Builder, node: torch.fx.Node, fakes: list[torch.Tensor | None]) -> ProgramOp:
     name = node.target._schema.name
     arg_nodes = [a for a in node.all_input_nodes if b.value(a) is not None]
@@ -128,7 +141,7 @@ def _op(b: _Builder, node: torch.fx.Node, fakes: list[torch.Tensor | None]) -> P
     outs = [f for f in fakes if f is not None]
     args = _meta_args(node.args)
     try:
-        cost = costs.op_cost(name, ins, outs, args if isinstance(args, tuple) else (args,))
+        cost = costs.op_cost(*_cost_call(name, ins, outs, args if isinstance(args, tuple) else (args,)))
     except Exception:  # a cost rule must never break the user's program
         cost = costs.Cost(Family.ELEMENTWISE)
     if cost.family == Family.DATA_MOVEMENT:     # inside XLA a copy/convert/concat is elementwise work, fused

@@ -256,3 +256,13 @@ def test_barrier_is_a_one_element_all_reduce():
     # 4 bytes: latency-bound (hops x 1 us + the collective's fixed overhead), not zero.
     assert run.kind == "barrier" and run.result.kind == "all_reduce" and run.result.bytes == 4
     assert run.end_s - run.start_s == pytest.approx(closed_form_time(sl, "all_reduce", 4), rel=0.01)
+
+
+def test_hidden_collective_time_is_what_ran_under_compute():
+    sl = torus_4x4x4()
+    long = simulate(trace(op(), all_reduce(async_op=True), op(mb=1000), op(reads=(10,)), world_size=64), sl)
+    assert long.collective_hidden_s == pytest.approx(long.collective_s) and long.collective_exposed_s == 0.0
+    # The short op (2 us, as the reader above) hides that much of the all-reduce; its reader waits out the rest.
+    short = simulate(trace(op(), all_reduce(async_op=True), op(), op(reads=(10,)), world_size=64), sl)
+    assert short.collective_hidden_s == pytest.approx(2 * US, rel=1e-3)
+    assert short.collective_hidden_s + short.collective_exposed_s == pytest.approx(short.collective_s)

@@ -112,6 +112,12 @@ class Timeline:
         return waits / max(1, len(self.chips_simulated))
 
     @property
+    def collective_hidden_s(self) -> float:
+        """Collective time under compute (async collectives the device did not wait for): ``collective_s``
+        less the exposed waits."""
+        return max(0.0, self.collective_s - self.collective_exposed_s)
+
+    @property
     def collective_s(self) -> float:
         """Time some collective was running (union over all collectives, per simulated chip, averaged)."""
         return self.busy_s.get("ici", 0.0)

@@ -25,7 +25,7 @@ _TO_JAX: dict[torch.dtype, object] = {
     torch.bfloat16: jnp.bfloat16, torch.int64: jnp.int64, torch.int32: jnp.int32, torch.int16: jnp.int16,
     torch.int8: jnp.int8, torch.uint8: jnp.uint8, torch.bool: jnp.bool_, torch.complex64: jnp.complex64,
     torch.complex128: jnp.complex128, torch.uint16: jnp.uint16, torch.uint32: jnp.uint32,
-    torch.uint64: jnp.uint64,
+    torch.uint64: jnp.uint64, torch.float8_e4m3fn: jnp.float8_e4m3fn, torch.float8_e5m2: jnp.float8_e5m2,
 }
 _TO_TORCH: dict[np.dtype, torch.dtype] = {np.dtype(v): k for k, v in _TO_JAX.items()}
 

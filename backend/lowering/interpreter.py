@@ -38,6 +38,8 @@ def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
     t = t.resolve_conj().resolve_neg().contiguous()
     if t.dtype == torch.bfloat16:                 # numpy has no bfloat16: move the bits
         return t.view(torch.int16).numpy().view(jax_dtype(torch.bfloat16))
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):   # nor float8 (ml_dtypes has them)
+        return t.view(torch.uint8).numpy().view(jax_dtype(t.dtype))
     return t.numpy()
 
 
@@ -52,6 +54,8 @@ def jax_to_tensor(a: object) -> torch.Tensor:
     host = np.asarray(a)
     if host.dtype.name == "bfloat16":
         return torch.from_numpy(host.view(np.int16).copy()).view(torch.bfloat16)
+    if host.dtype.name in ("float8_e4m3fn", "float8_e5m2"):
+        return torch.from_numpy(host.view(np.uint8).copy()).view(getattr(torch, host.dtype.name))
     return torch.from_numpy(host.copy() if not host.flags.writeable or host.base is not None else host)
 
 

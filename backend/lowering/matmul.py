@@ -1,4 +1,4 @@
-"""Contractions: mm, bmm, addmm, baddbmm, dot, convolution and its backward (the MXU's work).
+"""Contractions: mm, bmm, addmm, the int8/fp8 matmuls, baddbmm, dot, convolution and its backward (the MXU's work).
 
 Float32 matmuls run at the precision PyTorch was asked for: ``torch.get_float32_matmul_precision()``
 "highest" (PyTorch's default) -> ``lax.Precision.HIGHEST`` (exact float32 on a TPU, 6 bf16 passes),
@@ -58,6 +58,33 @@ def _addmm_activation(c: jax.Array, a: jax.Array, b: jax.Array, *, beta: object 
                       use_gelu: bool = False) -> jax.Array:
     out = _addmm(c, a, b, beta=beta, alpha=alpha)
     return jax.nn.gelu(out, approximate=False) if use_gelu else jnp.maximum(out, 0)
+
+
+@register(aten._int_mm.default)
+def _int_mm(a: jax.Array, b: jax.Array) -> jax.Array:
+    """int8 x int8 -> int32, accumulated in int32 as the MXU does (exact: no float rounding)."""
+    return lax.dot(a, b, preferred_element_type=jnp.int32)
+
+
+@register(aten._weight_int8pack_mm.default)
+def _weight_int8pack_mm(x: jax.Array, w: jax.Array, scales: jax.Array) -> jax.Array:
+    """x [m, k] @ int8 weights stored [n, k], times per-output-channel scales: PyTorch's CPU kernel converts
+    the weights to x's dtype and multiplies in it."""
+    return (jnp.matmul(x, w.astype(x.dtype).T, precision=precision()) * scales.astype(x.dtype)).astype(x.dtype)
+
+
+@register(aten._scaled_mm.default)
+def _scaled_mm(a: jax.Array, b: jax.Array, scale_a: jax.Array, scale_b: jax.Array, bias: jax.Array | None = None,
+               scale_result: jax.Array | None = None, out_dtype: object = None, use_fast_accum: bool = False
+               ) -> jax.Array:
+    """fp8 x fp8 with per-tensor or per-row scales, accumulated in float32, then scaled (and biased) in float32."""
+    from tpusim.backend.lowering.dtypes import jax_dtype
+
+    out = lax.dot(a, b, preferred_element_type=jnp.float32) * scale_a.astype(jnp.float32) * \
+        scale_b.astype(jnp.float32)
+    if bias is not None:
+        out = out + bias.astype(jnp.float32)
+    return out.astype(jax_dtype(out_dtype) if out_dtype is not None else a.dtype)
 
 
 def _dim_numbers(nd: int) -> lax.ConvDimensionNumbers:

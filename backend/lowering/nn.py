@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
+from tpusim.backend import flash_attention  # noqa: F401  (defines torch.ops.tpusim.attention*)
 from tpusim.backend.lowering.dtypes import jax_dtype
 from tpusim.backend.lowering.matmul import precision
 from tpusim.backend.lowering.registry import register
@@ -554,6 +555,42 @@ def _attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None,
     if mask is not None:
         s = jnp.where(mask, s, -jnp.inf) if mask.dtype == jnp.bool_ else s + mask
     return jnp.matmul(jax.nn.softmax(s, axis=-1), v, precision=precision())
+
+
+def _masked_scores(q: jax.Array, k: jax.Array, mask: jax.Array | None, causal: bool, scale: float | None
+                   ) -> jax.Array:
+    s = jnp.matmul(q.astype(jnp.float32), jnp.swapaxes(k.astype(jnp.float32), -1, -2), precision=precision())
+    s = s * (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        s = jnp.where(jnp.tril(jnp.ones((q.shape[-2], k.shape[-2]), jnp.bool_)), s, -jnp.inf)
+    if mask is not None:
+        s = jnp.where(mask, s, -jnp.inf) if mask.dtype == jnp.bool_ else s + mask
+    return s
+
+
+@register(torch.ops.tpusim.attention.default)
+def _fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, dropout_p: float,
+                     causal: bool, scale: float | None) -> tuple[jax.Array, jax.Array]:
+    """backend/flash_attention.py's fused attention: (output, log-sum-exp), scores in float32."""
+    s = _masked_scores(q, k, mask, causal, scale)
+    out = jnp.matmul(jax.nn.softmax(s, axis=-1), v.astype(jnp.float32), precision=precision())
+    return out.astype(v.dtype), jax.nn.logsumexp(s, axis=-1)
+
+
+@register(torch.ops.tpusim.attention_backward.default)
+def _fused_attention_backward(grad: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None,
+                              out: jax.Array, lse: jax.Array, causal: bool, scale: float | None
+                              ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Its backward from the log-sum-exp, the formulas of tpusim::attention_backward's eager kernel."""
+    p = jnp.exp(_masked_scores(q, k, mask, causal, scale) - lse[..., None])
+    g = grad.astype(jnp.float32)
+    dv = jnp.matmul(jnp.swapaxes(p, -1, -2), g, precision=precision())
+    dp = jnp.matmul(g, jnp.swapaxes(v.astype(jnp.float32), -1, -2), precision=precision())
+    ds = p * (dp - jnp.sum(g * out.astype(jnp.float32), axis=-1, keepdims=True))
+    ds = ds * (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    dq = jnp.matmul(ds, k.astype(jnp.float32), precision=precision())
+    dk = jnp.matmul(jnp.swapaxes(ds, -1, -2), q.astype(jnp.float32), precision=precision())
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
 @register(aten._transformer_encoder_layer_fwd.default)

@@ -189,7 +189,7 @@ class Control:
     def arrive(self, call: Call, group_ranks: int) -> None:
         """Publish ``call``, wait for the other members' calls and compare; raise on any disagreement."""
         base = f"fp/{call.group_name}/{call.seq}"
-        self.store.set(f"{base}/{call.rank}", call.dumps())
+        self.store.set(f"{base}/{call.group.index(call.rank)}", call.dumps())   # keyed by position in the group
         self.last = call
         self.set_status("blocked", call.dumps())
         keys = [f"{base}/{r}" for r in range(group_ranks)]

@@ -129,3 +129,27 @@ def test_ranks_stopped_part_way_are_cut_to_the_collectives_every_rank_reached():
     assert [len(t.records) for t in cut] == [3, 3] and dropped == 3
     timeline = price(merged(cut), topology=slice_)
     assert len(timeline.collectives) == 2            # the one all-reduce both ranks reached, on each rank
+
+
+def test_a_sub_group_whose_ranks_are_not_0_to_n_meets_in_the_control_store():
+    """Ranks {0, 2} of a 2 x 2 mesh (an FSDP x TP column) publish and wait under their positions in the
+    group; keyed by global rank, rank 2 was looked for as member 1 and both waited forever."""
+    import threading
+
+    import torch.distributed as dist
+    from tpusim.backend.distributed.hang import Call, Control
+
+    store = dist.HashStore()
+    done: list[int] = []
+
+    def member(rank: int) -> None:
+        call = Call("all_reduce", ((4,),), "float32", "sum", -1, "x.py:1", (0, 2), "col", 0, rank)
+        Control(store, rank).arrive(call, 2)
+        done.append(rank)
+
+    threads = [threading.Thread(target=member, args=(r,), daemon=True) for r in (0, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    assert sorted(done) == [0, 2]

@@ -183,6 +183,84 @@ def _sdpa_backward(ins: list, outs: list, args: tuple, causal_at: int) -> Cost:
     return _flash(q, k, v, causal, 5, 2.0 * (3 * q.shape[-1] + 2 * v.shape[-1]))
 
 
+def _window_fraction(s: int, t: int, window: int) -> float:
+    """Share of the s x t scores a causal sliding window keeps (query i sees keys max(0, i - w)..min(i, t - 1),
+    as torch.tpu.ops.splash_attention masks them)."""
+    if not s or not t:
+        return 1.0
+    i = torch.arange(s, dtype=torch.int64)
+    kept = (torch.clamp(i, max=t - 1) - torch.clamp(i - window, min=0) + 1).clamp(min=0).sum().item()
+    return kept / (s * t)
+
+
+def _splash(args: tuple, matmuls: int, at: int) -> Cost:
+    """TorchTPU's splash attention (``tpu::splash_attention``, ``_backward``): flash attention whose masked
+    blocks (causal, sliding window) are skipped; grouped-query K/V are read once, not per query head."""
+    q, k, v = args[at], args[at + 1], args[at + 2]
+    is_causal, window = bool(args[-2]), int(args[-1])
+    flops_per_score = 2.0 * (q.shape[-1] + v.shape[-1]) if matmuls == 2 else 2.0 * (3 * q.shape[-1] + 2 * v.shape[-1])
+    cost = _flash(q, k, v, is_causal and window < 0, matmuls, flops_per_score)
+    if window >= 0:
+        s, t = q.shape[-2], k.shape[-2]
+        share = _window_fraction(s, t, window)
+        scores = _numel(q.shape[:-2]) * s * t * share
+        cost = Cost(Family.ATTENTION, scores * (flops_per_score + 5.0), transcendentals=scores,
+                    matmul=(max(1, round(matmuls * share)), s, q.shape[-1], t))
+    return cost
+
+
+def _ragged_dot(ins: list, outs: list, args: tuple) -> Cost:
+    """``tpu::ragged_dot`` (lhs (M, K), rhs (G, K, N)): each of the M rows meets one group's (K, N) weight, so
+    2 M K N FLOPs whatever the split (a grouped matmul kernel tiles all M rows; the group sizes are device
+    values a static-shape TPU program does not know)."""
+    lhs, rhs = args[0], args[1]
+    m, k = lhs.shape
+    n = rhs.shape[-1]
+    return Cost(Family.CONTRACTION, 2.0 * m * k * n, matmul=(1, m, k, n))
+
+
+def _ragged_dot_rhs_grad(ins: list, outs: list, args: tuple) -> Cost:
+    """The weights' gradient (G, K, N) = lhs^T grad per group: again 2 M K N over all M rows."""
+    lhs, grad = args[0], args[1]
+    m, k = lhs.shape
+    n = grad.shape[-1]
+    return Cost(Family.CONTRACTION, 2.0 * m * k * n, matmul=(1, k, m, n))
+
+
+def _sparse_dense_matmul(ins: list, outs: list, args: tuple, ids_at: int, rows_at: int) -> Cost:
+    """A SparseCore embedding lookup (``tpu::sparse_dense_matmul``, ``_csr``): each of the nnz ids fetches one
+    table row and adds gain x row to its sample's output: 2 nnz D FLOPs, nnz rows and the ids read, the
+    (batch, D) output written."""
+    ids, table = args[ids_at], args[rows_at]
+    nnz, dim = ids.numel(), table.shape[-1]
+    index = sum(nbytes(t) for t in ins if t.dtype in (torch.int64, torch.int32))
+    return Cost(Family.GATHER_SCATTER, 2.0 * nnz * dim, bytes_read=nnz * dim * table.element_size() + index,
+                bytes_written=nbytes(outs[0]))
+
+
+def _sparse_dense_matmul_grad(ins: list, outs: list, args: tuple, ids_at: int) -> Cost:
+    """The table's gradient: each of the nnz ids scatters gain x its sample's gradient row into its table row
+    (2 nnz D FLOPs, nnz rows read and written: only the touched rows move)."""
+    grad, ids = args[0], args[ids_at]
+    nnz, dim = ids.numel(), grad.shape[-1]
+    moved = nnz * dim * grad.element_size()
+    index = sum(nbytes(t) for t in ins if t.dtype in (torch.int64, torch.int32))
+    return Cost(Family.GATHER_SCATTER, 2.0 * nnz * dim, bytes_read=moved + index, bytes_written=moved)
+
+
+# torch.tpu.ops kernels (backend/torchtpu/ops.py): adding a tpu:: kernel = one row here and one in tpusim/ops.py
+_TPU_KERNELS: dict[str, Callable[[list, list, tuple], Cost]] = {
+    "tpu::splash_attention": lambda i, o, a: _splash(a, 2, 0),
+    "tpu::splash_attention_backward": lambda i, o, a: _splash(a, 5, 0),
+    "tpu::ragged_dot": _ragged_dot,
+    "tpu::ragged_dot_rhs_grad": _ragged_dot_rhs_grad,
+    "tpu::sparse_dense_matmul": lambda i, o, a: _sparse_dense_matmul(i, o, a, 0, 3),
+    "tpu::sparse_dense_matmul_csr": lambda i, o, a: _sparse_dense_matmul(i, o, a, 1, 3),
+    "tpu::sparse_dense_matmul_grad": lambda i, o, a: _sparse_dense_matmul_grad(i, o, a, 1),
+    "tpu::sparse_dense_matmul_grad_csr": lambda i, o, a: _sparse_dense_matmul_grad(i, o, a, 2),
+}
+
+
 _MXU: dict[str, Callable[[list, list, tuple], Cost]] = {
     "mm": _mm, "addmm": _addmm, "_addmm_activation": _addmm, "bmm": _bmm, "baddbmm": _baddbmm, "mv": _mv,
     "addmv": lambda i, o, a: _mv(i, o, a[1:]), "dot": _dot, "vdot": _dot,
@@ -240,7 +318,7 @@ _SPARSE: dict[str, Callable[[list, list, tuple], Cost]] = {
 
 # Ops whose cost depends on their shapes and arguments (one formula each); every key is a contraction,
 # attention or gather/scatter op in tpusim.ops (tests/test_ops.py checks it).
-_SHAPED: dict[str, Callable[[list, list, tuple], Cost]] = {**_MXU, **_SPARSE}
+_SHAPED: dict[str, Callable[[list, list, tuple], Cost]] = {**_MXU, **_SPARSE, **_TPU_KERNELS}
 
 
 # ---------------------------------------------------------------- VPU: elementwise and reductions

@@ -264,7 +264,7 @@ def _back(shim: object, call: _Call, result: object) -> object:
     return result
 
 
-_LIBRARIES: list[torch.library.Library] = []
+_INSTALLED: list[bool] = []
 
 
 def _lookup(name: str) -> torch._ops.OpOverload:
@@ -278,18 +278,21 @@ def native_plan(name: str) -> tuple:
     (the OpOverload, its recorded name, whether every call comes here, whether its cost is asked at the op
     (``costs.reads_arguments``), the indices of the arguments it writes, of its dtype arguments, whether a
     result may be a view of an argument, whether it draws random numbers, the index of its Generator?
-    argument or -1). Random ops draw from the device's generator as ``_run_random`` does here."""
+    argument or -1, whether a kernel of the shim's own may stand in for its hand-written one (an aten op
+    without device arguments: backend/csrc/fallback.cpp native_kernels)). Random ops draw from the device's
+    generator as ``_run_random`` does here."""
     op = _lookup(name)
     plan = _PLANS.get(op) or _plan(op)
     facts = schema.facts(op)
     names = [a.name for a in op._schema.arguments]
     kinds = [*facts.positional, *((names.index(k), kind) for k, kind in facts.keyword)]
-    python = plan.kernel is not None or not name.startswith("aten::") or any(kind == DEVICE for _, kind in kinds)
+    native_ok = name.startswith("aten::") and not any(kind == DEVICE for _, kind in kinds)
+    python = plan.kernel is not None or not native_ok
     python = python or plan.name in policy.NON_NATIVE_RESULTS         # the float64/complex policy at the op
     written = [*facts.written_positions, *(names.index(k) for k in facts.written_keywords)]
     generator = plan.gen_index if plan.gen_index >= 0 else names.index(plan.gen_name) if plan.gen_name else -1
     return (op, plan.name, python, costs.reads_arguments(plan.name), written,
-            [i for i, kind in kinds if kind == DTYPE], facts.returns_view, plan.random, generator)
+            [i for i, kind in kinds if kind == DTYPE], facts.returns_view, plan.random, generator, native_ok)
 
 
 def composite_shadowed() -> list[str]:
@@ -305,17 +308,14 @@ def composite_shadowed() -> list[str]:
 
 def install() -> None:
     """Install the shim's fallback for the PrivateUse1 key (with this module's ``fallback`` for the calls it
-    hands over), register it for the ``composite_shadowed`` overloads, and the hand-written kernels explicitly
-    (some, like convolution_overrideable, have a composite kernel the fallback would never see)."""
-    if _LIBRARIES:
+    hands over), and register it explicitly for the ``composite_shadowed`` overloads and the hand-written
+    kernels' (some, like convolution_overrideable, have a composite kernel the fallback would never see; the
+    fused RNN cells' run in the shim's C++ twins, the others come back here)."""
+    if _INSTALLED:
         return
     module = shim.load()                         # STATE.shim is set once registration is done
     source.install(module)
     module.install_fallback(fallback, native_plan, recorder.shaped_cost)
-    module.register_fallback([name.removeprefix("aten::") for name in composite_shadowed()
-                              if name not in kernels.KERNELS])
-    impl = torch.library.Library("aten", "IMPL")
-    for name in kernels.KERNELS:
-        op = _lookup(name)
-        impl.impl(op, lambda *a, _op=op, **k: fallback(_op, *a, **k), "PrivateUse1")
-    _LIBRARIES.append(impl)
+    names = dict.fromkeys((*composite_shadowed(), *kernels.KERNELS))
+    module.register_fallback([name.removeprefix("aten::") for name in names])
+    _INSTALLED.append(True)

@@ -57,6 +57,10 @@ def _zeros(op: object, a: list, kw: dict) -> torch.Tensor:
 # CPU's bits whenever the gate matmuls do (mm + bias == addmm). Each op is one record in the trace:
 # one elementwise kernel, as on a TPU where XLA fuses it. Outputs and workspaces are as CUDA's: the LSTM
 # workspace is the activated gates [i|f|g|o], the GRU one [r|z|n|hx|hn + b_hn].
+# The shim's C++ fallback runs C++ twins of these four (backend/csrc/fallback.cpp native_kernels: a Python
+# call per time step was most of a recurrent model's device overhead); these run on the Python path
+# (debug eager mode, other targets). A change here is the same change there: the test
+# tests/backend/test_fallback_speed_invariants.py compares the two paths bit for bit.
 
 def _arg(a: list, kw: dict, i: int, name: str) -> object:
     return a[i] if i < len(a) else kw.get(name)

@@ -26,15 +26,16 @@ viewing the same bytes the same way are the same tensor for dataflow purposes.
 
 Where the work is done: the device logs what happens natively (backend/csrc/record.cpp):
 allocations and frees, the ops its C++ fallback ran (with their tensor metas and source lines),
-copies and host syncs, in order. This module turns that log into records (``_drain``) before it
-appends one of its own, so the trace keeps the order things happened in; costs of ops whose rule
-reads more than their tensors' sizes come with the log (``shaped_cost``, asked at the op).
+copies and host syncs, in order, and makes their records when this module drains the log
+(``_drain``), which it does before it appends a record of its own, so the trace keeps the order
+things happened in. Costs of ops whose rule reads more than their tensors' sizes come with the log
+(``shaped_cost``, asked at the op); the others are ``costs.counted_cost``'s, asked by the shim once
+per (op, element counts).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -62,9 +63,6 @@ from tpusim.trace import (
     renumber,
 )
 
-# kinds of the shim's log entries (backend/csrc/record.cpp record_drain; memory events come as records)
-_OP, _COPY, _HOST = 2, 3, 4
-
 
 @dataclass
 class Recording:
@@ -75,7 +73,6 @@ class Recording:
     trace: Trace | None = None
     steps: int = 0
     metas: list[TensorMeta] = field(default_factory=list)   # the shim's tensor metas, by index
-    numels: list[int] = field(default_factory=list)         # their element counts
     lock: threading.Lock = field(default_factory=threading.Lock)
     programs: int = 0               # compiled-program executions recorded (OpRecord.program numbers)
     synthetic_storages: int = 0     # storages of values that never leave a compiled program
@@ -110,51 +107,27 @@ def _maker(cls: type) -> Callable[..., Record]:
     return make
 
 
-_OP_RECORD, _HOST_RECORD = _maker(OpRecord), _maker(HostRecord)
+_OP_RECORD = _maker(OpRecord)
 _UNITS: dict[Family, str] = {}
 _COPY_FAMILY = str(family_of("aten::copy_"))
-
-
-def _add_metas(rec: Recording, new: list[TensorMeta]) -> None:
-    """Tensor metas the shim made since it was last asked (in index order)."""
-    rec.metas += new
-    rec.numels += [math.prod(m.shape) for m in new]
 
 
 def _metas(rec: Recording, tensors: list[torch.Tensor]) -> tuple[TensorMeta, ...]:
     if not tensors:
         return ()
-    new, indices = STATE.shim.record_metas(tensors)
-    _add_metas(rec, new)
+    new, indices = STATE.shim.record_metas(tensors)   # tensor metas the shim made since it was last asked
+    rec.metas += new
     return tuple(map(rec.metas.__getitem__, indices))
 
 
 def _drain(rec: Recording) -> None:
-    """Turn the shim's log (backend/csrc/record.cpp) into records; call with ``rec.lock`` held."""
-    records = rec.records
-    new, events = STATE.shim.record_drain(len(records))   # memory events come as their records
+    """Append the shim's log (backend/csrc/record.cpp) since the last drain, its records made there as
+    ``_op_record`` would make them (costs without a shaped rule from ``costs.counted_cost``, asked once per
+    signature); call with ``rec.lock`` held."""
+    new, records = STATE.shim.record_drain(len(rec.records))
     if new:
-        _add_metas(rec, new)
-    meta, numel, counted = rec.metas.__getitem__, rec.numels.__getitem__, costs.counted_cost
-    append, start = records.append, len(records)
-    for event in events:
-        if type(event) is not tuple:
-            append(event)
-            continue
-        kind = event[0]
-        if kind == _OP:
-            _, name, ins, outs, source, cost = event
-            if cost is None:
-                cost = counted(name, tuple(map(numel, ins)), tuple(map(numel, outs)))
-            append(_op_record(name, cost, tuple(map(meta, ins)), tuple(map(meta, outs)), source, 0, len(records)))
-        elif kind == _COPY:
-            _, dtype, (src,), (dst,), source, read, written = event
-            append(_OP_RECORD(len(records), "aten::copy_", "dma", dtype, (meta(src),), (meta(dst),), 0.0, 0.0,
-                              float(read), float(written), None, source, 0, 0, _COPY_FAMILY))
-        else:
-            _, what, reason, nbytes, source = event
-            append(_HOST_RECORD(len(records), what, reason, nbytes, 0.0, source, 0))
-    STATE.shim.record_untrack(records[start:])        # never in a cycle: the garbage collector skips them
+        rec.metas += new
+    rec.records += records
 
 
 def _flatten(out: object, acc: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -346,7 +319,7 @@ def start(meta: dict[str, object] | None = None) -> Recording:
     if _ACTIVE is not None:
         raise RuntimeError("tpusim: a recording is already active; nest no recordings")
     rec = Recording(meta=TraceMeta(eager_mode=eager.get_eager_mode()).replace(**(meta or {})))  # the mode it started in
-    STATE.shim.record_classes(MemoryRecord, TensorMeta)
+    STATE.shim.record_classes(MemoryRecord, TensorMeta, OpRecord, HostRecord, costs.counted_cost, _COPY_FAMILY)
     STATE.shim.record_start()
     _HOOK_HANDLE = register_optimizer_step_post_hook(_optimizer_hook)
     _ACTIVE = rec

@@ -23,7 +23,7 @@ import torch
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("runtime.cpp", "kernels.cpp", "autocast.cpp", "attention.cpp", "fallback.cpp", "record.cpp",
-           "module.cpp")
+           "ddp_timer.cpp", "module.cpp")
 HEADERS = ("tpu_shim.h",)
 
 

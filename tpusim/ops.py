@@ -106,6 +106,13 @@ FAMILY_BY_OP: dict[str, Family] = {
         repeat flip roll narrow_copy split_with_sizes_copy unbind_copy as_strided_copy expand_copy
         permute_copy tril triu lift_fresh_copy alias_copy view_copy _reshape_copy
     """),
+    # torch.tpu.ops kernels keep their namespace (backend/torchtpu/ops.py; cost rules in backend/costs.py)
+    **_rows(Family.CONTRACTION, "tpu::ragged_dot tpu::ragged_dot_rhs_grad"),
+    **_rows(Family.ATTENTION, "tpu::splash_attention tpu::splash_attention_backward"),
+    **_rows(Family.GATHER_SCATTER, """
+        tpu::sparse_dense_matmul tpu::sparse_dense_matmul_csr tpu::sparse_dense_matmul_grad
+        tpu::sparse_dense_matmul_grad_csr
+    """),
     **_rows(Family.OPAQUE, """
         sort argsort topk kthvalue median nanmedian mode nonzero unique _unique2 unique_consecutive
         multinomial randperm _local_scalar_dense

@@ -29,8 +29,9 @@
 
 #include <cstring>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -47,6 +48,106 @@ PyObject* g_python_fallback = nullptr;  // backend/fallback.py fallback(op, *arg
 PyObject* g_planner = nullptr;          // backend/fallback.py native_plan("aten::add.Tensor") -> tuple
 PyObject* g_shaped_cost = nullptr;      // backend/recorder.py shaped_cost(name, inputs, outputs, args)
 
+// ---------------------------------------------------------------- fused RNN cells
+//
+// ATen hands an accelerator's LSTM/GRU cell arithmetic to one op, _thnn_fused_*_cell, whose only kernels
+// are CUDA's. backend/kernels.py defines them for the device as the sequence of CPU ops CPU's own cells
+// run (so a cell on tpu gives CPU's bits); these are the same sequences, op for op, for the C++ path:
+// the Python ones cost a Python call per time step (tests/backend/test_fallback_speed_invariants.py
+// checks the two give the same bits). Each pops its arguments (host aliases) and pushes its results.
+using NativeKernel = void (*)(torch::jit::Stack*);
+
+at::Tensor opt_tensor(const c10::IValue& v) { return v.isTensor() ? v.toTensor() : at::Tensor(); }
+
+// What CPU's linear_ih(x) and linear_hh(h) return: the gate matmuls plus biases; the hidden one is fresh.
+std::pair<at::Tensor, at::Tensor> rnn_gates(const at::Tensor& igates, const at::Tensor& hgates,
+                                            const at::Tensor& ibias, const at::Tensor& hbias) {
+  return {ibias.defined() ? at::add(igates, ibias) : igates, hbias.defined() ? at::add(hgates, hbias) : hgates.clone()};
+}
+
+void lstm_cell(torch::jit::Stack* stack) {  // (input_gates, hidden_gates, cx, input_bias?, hidden_bias?)
+  auto a = torch::jit::pop(*stack, 5);
+  auto [i_gates, gates] = rnn_gates(a[0].toTensor(), a[1].toTensor(), opt_tensor(a[3]), opt_tensor(a[4]));
+  gates.add_(i_gates);
+  auto chunks = gates.unsafe_chunk(4, 1);
+  chunks[0].sigmoid_();
+  chunks[1].sigmoid_();
+  chunks[2].tanh_();
+  chunks[3].sigmoid_();
+  at::Tensor cy = at::mul(chunks[1], a[2].toTensor()).add_(at::mul(chunks[0], chunks[2]));
+  at::Tensor hy = at::mul(chunks[3], cy.tanh());
+  torch::jit::push(stack, hy, cy, gates);
+}
+
+void lstm_cell_backward(torch::jit::Stack* stack) {  // (grad_hy?, grad_cy?, cx, cy, workspace, has_bias)
+  auto a = torch::jit::pop(*stack, 6);
+  at::Tensor grad_hy = opt_tensor(a[0]);
+  at::Tensor grad_cy = opt_tensor(a[1]);
+  if (!grad_hy.defined() && !grad_cy.defined()) {
+    torch::jit::push(stack, at::Tensor(), at::Tensor(), at::Tensor());
+    return;
+  }
+  const at::Tensor& cx = a[2].toTensor();
+  const at::Tensor& cy = a[3].toTensor();
+  auto w = a[4].toTensor().unsafe_chunk(4, 1);  // ingate, forgetgate, cellgate, outgate
+  at::Tensor grad_out;
+  if (grad_hy.defined()) {  // hy = outgate * tanh(cy)
+    at::Tensor tanh_cy = cy.tanh();
+    grad_out = at::mul(grad_hy, tanh_cy);
+    at::Tensor grad_c = at::tanh_backward(at::mul(grad_hy, w[3]), tanh_cy);
+    grad_cy = grad_cy.defined() ? at::add(grad_cy, grad_c) : grad_c;
+  }
+  at::Tensor grad_cx = at::mul(grad_cy, w[1]);  // cy = forgetgate * cx + ingate * cellgate
+  at::Tensor grad_gates = at::cat({at::sigmoid_backward(at::mul(grad_cy, w[2]), w[0]),
+                                   at::sigmoid_backward(at::mul(grad_cy, cx), w[1]),
+                                   at::tanh_backward(at::mul(grad_cy, w[0]), w[2]),
+                                   grad_out.defined() ? at::sigmoid_backward(grad_out, w[3]) : at::zeros_like(grad_cx)},
+                                  1);
+  at::Tensor grad_bias = a[5].toBool() ? at::sum(grad_gates, c10::IntArrayRef{0}) : at::Tensor();
+  torch::jit::push(stack, grad_gates, grad_cx, grad_bias);
+}
+
+void gru_cell(torch::jit::Stack* stack) {  // (input_gates, hidden_gates, hx, input_bias?, hidden_bias?)
+  auto a = torch::jit::pop(*stack, 5);
+  const at::Tensor& hx = a[2].toTensor();
+  auto [i_gates, h_gates] = rnn_gates(a[0].toTensor(), a[1].toTensor(), opt_tensor(a[3]), opt_tensor(a[4]));
+  auto i = i_gates.unsafe_chunk(3, 1);
+  auto h = h_gates.unsafe_chunk(3, 1);
+  at::Tensor resetgate = h[0].add_(i[0]).sigmoid_();
+  at::Tensor inputgate = h[1].add_(i[1]).sigmoid_();
+  at::Tensor h_n_biased = h[2].clone();
+  at::Tensor newgate = i[2].add(h[2].mul_(resetgate)).tanh_();
+  at::Tensor hy = at::sub(hx, newgate).mul_(inputgate).add_(newgate);
+  torch::jit::push(stack, hy, at::cat({resetgate, inputgate, newgate, hx, h_n_biased}, 1));
+}
+
+void gru_cell_backward(torch::jit::Stack* stack) {  // (grad_hy, workspace, has_bias)
+  auto a = torch::jit::pop(*stack, 3);
+  const at::Tensor& grad_hy = a[0].toTensor();
+  auto w = a[1].toTensor().unsafe_chunk(5, 1);  // resetgate, inputgate, newgate, hx, h_n + b_hn
+  at::Tensor newgate = w[2].contiguous();        // CPU's tanh_backward reads n as a whole tensor: same layout
+  at::Tensor grad_hx = at::mul(grad_hy, w[1]);
+  at::Tensor grad_z = at::sigmoid_backward(at::mul(grad_hy, at::sub(w[3], newgate)), w[1]);
+  at::Tensor grad_pre_n = at::tanh_backward(at::add(grad_hy, grad_hx.neg()), newgate);
+  at::Tensor grad_r = at::sigmoid_backward(at::mul(grad_pre_n, w[4]), w[0]);
+  at::Tensor grad_input = at::cat({grad_r, grad_z, grad_pre_n}, 1);
+  at::Tensor grad_hidden = at::cat({grad_r, grad_z, at::mul(grad_pre_n, w[0])}, 1);
+  const bool bias = a[2].toBool();
+  torch::jit::push(stack, grad_input, grad_hidden, grad_hx, bias ? at::sum(grad_input, c10::IntArrayRef{0}) : at::Tensor(),
+                   bias ? at::sum(grad_hidden, c10::IntArrayRef{0}) : at::Tensor());
+}
+
+// Adding a native kernel = one row here (and its Python twin in backend/kernels.py).
+const std::unordered_map<std::string, NativeKernel>& native_kernels() {
+  static const std::unordered_map<std::string, NativeKernel> table{
+      {"aten::_thnn_fused_lstm_cell", &lstm_cell},
+      {"aten::_thnn_fused_lstm_cell_backward_impl", &lstm_cell_backward},
+      {"aten::_thnn_fused_gru_cell", &gru_cell},
+      {"aten::_thnn_fused_gru_cell_backward", &gru_cell_backward},
+  };
+  return table;
+}
+
 // What the fallback needs to know about one overload, from backend/fallback.py's plan (asked once).
 struct Plan {
   PyObject* op = nullptr;        // the OpOverload
@@ -60,6 +161,7 @@ struct Plan {
   size_t kwarg_start = 0;        // first kwarg-only argument
   std::vector<uint8_t> written;  // per argument: the op writes it
   std::vector<uint8_t> dtype;    // per argument: a dtype argument (float64 goes to the policy)
+  NativeKernel native = nullptr;  // a C++ kernel in place of the CPU one (native_kernels)
 };
 
 std::mutex g_plan_mu;
@@ -82,7 +184,8 @@ std::unique_ptr<Plan> ask_plan(const c10::OperatorHandle& op) {
   if (!answer) {
     throw python_error();
   }
-  auto t = answer.cast<py::tuple>();  // (op, name, python, shaped, written, dtypes, views, random, generator)
+  auto t = answer.cast<py::tuple>();  // (op, name, python, shaped, written, dtypes, views, random, generator,
+                                      //  native_ok)
   plan->op = py::object(t[0]).release().ptr();
   plan->name = py::object(t[1]).release().ptr();
   plan->python = t[2].cast<bool>();
@@ -97,6 +200,11 @@ std::unique_ptr<Plan> ask_plan(const c10::OperatorHandle& op) {
   plan->views = t[6].cast<bool>();
   plan->random = t[7].cast<bool>();
   plan->generator = t[8].cast<int64_t>();
+  auto native = native_kernels().find(name.name);
+  if (native != native_kernels().end() && t[9].cast<bool>()) {  // its only Python reason was the kernel
+    plan->native = native->second;
+    plan->python = false;
+  }
   return plan;
 }
 
@@ -746,7 +854,11 @@ void run_in_cpp(const c10::OperatorHandle& op, const Plan& plan, torch::jit::Sta
     if (plan.random && !call.meta) {
       draw.emplace(plan, stack, base, device);
     }
-    op.callBoxed(stack);
+    if (plan.native != nullptr) {
+      plan.native(stack);
+    } else {
+      op.callBoxed(stack);
+    }
   } catch (const python_error& err) {
     bool rerun = false;
     if (call.meta) {

@@ -15,10 +15,10 @@ py::tuple user_source_py();
 void record_start();
 void record_stop();
 py::tuple record_drain(Py_ssize_t seq);
-void record_classes(py::object memory_record, py::object tensor_meta);
+void record_classes(py::object memory_record, py::object tensor_meta, py::object op, py::object host,
+                    py::object counted_cost, py::object copy_family);
 py::tuple record_metas(const std::vector<at::Tensor>& tensors);
 int64_t record_tensor_id();
-void record_untrack(const py::list& objects);
 }  // namespace tpusim
 
 namespace {
@@ -118,7 +118,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("record_classes", &record_classes);
   m.def("record_metas", &record_metas);
   m.def("record_tensor_id", &record_tensor_id);
-  m.def("record_untrack", &record_untrack);
   m.def("set_native_hook", &set_native_hook);
   m.def("device_count", []() { return static_cast<int>(config().device_count); });
   m.def("current_device", []() { return static_cast<int>(current_device()); });

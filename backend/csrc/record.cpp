@@ -54,6 +54,7 @@ struct NewMeta {
   c10::ScalarType dtype;
   int64_t nbytes;
   int64_t storage;
+  int64_t numel;
 };
 
 struct VecHash {
@@ -81,8 +82,8 @@ int32_t meta_of(const at::Tensor& t) {
   const int64_t sid = t.has_storage() ? storage_id(t.storage().unsafeGetStorageImpl()) : -1;
   const auto sizes = t.sizes();
   const auto strides = t.strides();
-  std::vector<int64_t> key;
-  key.reserve(4 + 2 * sizes.size());
+  static std::vector<int64_t> key;  // reused: g_log_mu is held (no allocation per tensor)
+  key.clear();
   key.push_back(sid);
   key.push_back(t.storage_offset());
   key.push_back(static_cast<int64_t>(sizes.size()));
@@ -97,9 +98,9 @@ int32_t meta_of(const at::Tensor& t) {
   g_meta_index.emplace(key, index);
   key.pop_back();
   auto tid = g_tensor_ids.find(key);
-  const int64_t id = tid != g_tensor_ids.end() ? tid->second : (g_tensor_ids[key] = ++g_last_tid);
-  g_new_metas.push_back({id, sizes.vec(), t.scalar_type(), static_cast<int64_t>(t.numel()) *
-                         static_cast<int64_t>(t.element_size()), sid});
+  const int64_t id = tid != g_tensor_ids.end() ? tid->second : g_tensor_ids.emplace(key, ++g_last_tid).first->second;
+  const auto numel = static_cast<int64_t>(t.numel());
+  g_new_metas.push_back({id, sizes.vec(), t.scalar_type(), numel * static_cast<int64_t>(t.element_size()), sid, numel});
   return index;
 }
 
@@ -151,6 +152,8 @@ struct Names {
   PyObject* copy = intern("aten::copy_");
   PyObject* alloc = intern("alloc");
   PyObject* free = intern("free");
+  PyObject* dma = intern("dma");
+  PyObject* float32 = intern("float32");
 };
 
 const Names& names() {
@@ -371,9 +374,14 @@ void log_native(const char* kind, const at::Tensor& a, const at::Tensor* b) {
 
 namespace {
 
-// The record classes (tpusim.trace MemoryRecord, TensorMeta), set by backend/recorder.py.
+// The record classes (tpusim.trace MemoryRecord, TensorMeta, OpRecord, HostRecord), backend/costs.py's
+// counted_cost and the copy's family, set by backend/recorder.py.
 PyObject* g_memory_record = nullptr;
 PyObject* g_tensor_meta = nullptr;
+PyObject* g_op_record = nullptr;
+PyObject* g_host_record = nullptr;
+PyObject* g_counted_cost = nullptr;
+PyObject* g_copy_family = nullptr;
 
 void untrack(PyObject* o) {
   if (PyObject_IS_GC(o) && PyObject_GC_IsTracked(o)) {
@@ -382,23 +390,49 @@ void untrack(PyObject* o) {
 }
 
 // An instance of the frozen dataclass `cls` with `values` as its fields (in field order): what
-// cls(*values) makes, without its per-field setattr; untracked by the garbage collector (record_untrack).
+// cls(*values) makes, without its per-field setattr. Untracked by the garbage collector: records and tensor
+// metas are frozen and hold only numbers, strings, tuples of metas and enum members, so no reference cycle
+// passes through them, and a recording's hundreds of thousands of them made every full collection walk
+// them all (once most of the recorder's time). Refcounting still frees them.
 PyObject* make_record(PyObject* cls, std::initializer_list<std::pair<const char*, PyObject*>> values) {
   static std::unordered_map<const char*, PyObject*> keys;  // interned field names
+  static std::unordered_map<PyObject*, PyObject*> templates;  // cls -> its fields, all None (sized once)
   static PyObject* no_args = PyTuple_New(0);
-  PyObject* dict = PyDict_New();
+  auto made = templates.find(cls);
+  if (made == templates.end()) {
+    PyObject* fields = PyDict_New();
+    for (const auto& [name, value] : values) {
+      auto it = keys.find(name);
+      PyObject* key = it != keys.end() ? it->second : keys.emplace(name, intern(name)).first->second;
+      if (fields == nullptr || PyDict_SetItem(fields, key, Py_None) != 0) {
+        Py_CLEAR(fields);
+        break;
+      }
+    }
+    made = templates.emplace(cls, fields).first;
+  }
+  // A copy of the template (its key table copied whole) and the values set: no resize per record.
+  PyObject* dict = made->second != nullptr && PyDict_GET_SIZE(made->second) == static_cast<Py_ssize_t>(values.size())
+                       ? PyDict_Copy(made->second)
+                       : PyDict_New();
   if (dict == nullptr) {
+    for (const auto& [name, value] : values) {
+      Py_XDECREF(value);
+    }
     throw python_error();
   }
+  bool failed = false;
   for (const auto& [name, value] : values) {  // each value a new reference, consumed
-    auto it = keys.find(name);
-    PyObject* key = it != keys.end() ? it->second : keys.emplace(name, intern(name)).first->second;
-    const int failed = value == nullptr || PyDict_SetItem(dict, key, value) != 0;
-    Py_XDECREF(value);
-    if (failed) {
-      Py_DECREF(dict);
-      throw python_error();
+    if (!failed) {
+      auto it = keys.find(name);
+      PyObject* key = it != keys.end() ? it->second : keys.emplace(name, intern(name)).first->second;
+      failed = value == nullptr || PyDict_SetItem(dict, key, value) != 0;
     }
+    Py_XDECREF(value);
+  }
+  if (failed) {
+    Py_DECREF(dict);
+    throw python_error();
   }
   PyObject* obj = PyBaseObject_Type.tp_new(reinterpret_cast<PyTypeObject*>(cls), no_args, nullptr);
   if (obj == nullptr || PyObject_GenericSetDict(obj, dict, nullptr) != 0) {
@@ -420,6 +454,24 @@ PyObject* new_ref(PyObject* o) {
   return o;
 }
 
+// Every tensor meta of the recording, by index (GIL held): the object, and what a record reads of it.
+struct MetaObj {
+  PyObject* obj;    // the TensorMeta (a reference)
+  PyObject* dtype;  // its dtype name (never freed)
+  int64_t nbytes;
+  int64_t numel;
+};
+std::vector<MetaObj> g_meta_objs;
+
+std::vector<PyObject*> clear_meta_objs() {  // the references to release (outside g_log_mu)
+  std::vector<PyObject*> objects;
+  for (const auto& m : g_meta_objs) {
+    objects.push_back(m.obj);
+  }
+  g_meta_objs.clear();
+  return objects;
+}
+
 py::list metas_to_py(const std::vector<NewMeta>& metas) {
   py::list out;
   for (const auto& m : metas) {
@@ -427,28 +479,178 @@ py::list metas_to_py(const std::vector<NewMeta>& metas) {
     for (size_t i = 0; i < m.shape.size(); ++i) {
       PyTuple_SET_ITEM(shape, static_cast<Py_ssize_t>(i), PyLong_FromLongLong(m.shape[i]));
     }
-    out.append(py::reinterpret_steal<py::object>(make_record(
-        g_tensor_meta, {{"id", PyLong_FromLongLong(m.tid)}, {"shape", shape}, {"dtype", new_ref(dtype_name(m.dtype))},
-                        {"nbytes", PyLong_FromLongLong(m.nbytes)}, {"storage", PyLong_FromLongLong(m.storage)}})));
-  }
-  return out;
-}
-
-py::tuple refs(const std::vector<int32_t>& all, int32_t first, int32_t count) {
-  py::tuple out(count);
-  for (int32_t i = 0; i < count; ++i) {
-    out[i] = py::int_(all[first + i]);
+    PyObject* dtype = dtype_name(m.dtype);
+    PyObject* meta = make_record(
+        g_tensor_meta, {{"id", PyLong_FromLongLong(m.tid)}, {"shape", shape}, {"dtype", new_ref(dtype)},
+                        {"nbytes", PyLong_FromLongLong(m.nbytes)}, {"storage", PyLong_FromLongLong(m.storage)}});
+    g_meta_objs.push_back({new_ref(meta), dtype, m.nbytes, m.numel});
+    out.append(py::reinterpret_steal<py::object>(meta));
   }
   return out;
 }
 
 py::object borrow(PyObject* o) { return py::reinterpret_borrow<py::object>(o); }
 
+// ---------------------------------------------------------------- an op's cost, as its record reads it
+
+// The fields of a costs.Cost an OpRecord reads (references), and its unit.
+struct CostFacts {
+  PyObject* family = nullptr;
+  PyObject* unit = nullptr;
+  PyObject* flops = nullptr;
+  PyObject* transcendentals = nullptr;
+  PyObject* matmul = nullptr;
+  PyObject* bytes_read = nullptr;     // null: all inputs
+  PyObject* bytes_written = nullptr;  // null: all outputs
+  PyObject* dtype = nullptr;          // null: the first output's (or input's)
+
+  void release() {
+    for (PyObject* o : {family, unit, flops, transcendentals, matmul, bytes_read, bytes_written, dtype}) {
+      Py_XDECREF(o);
+    }
+  }
+};
+
+PyObject* attr(PyObject* o, const char* name) {
+  PyObject* v = PyObject_GetAttrString(o, name);
+  if (v == nullptr) {
+    throw python_error();
+  }
+  return v;
+}
+
+PyObject* unless_none(PyObject* v) {  // consumes v
+  if (v == Py_None) {
+    Py_DECREF(v);
+    return nullptr;
+  }
+  return v;
+}
+
+CostFacts facts_of(PyObject* cost) {
+  static std::unordered_map<PyObject*, PyObject*> units;  // family -> unit (both kept alive)
+  CostFacts f;
+  f.family = attr(cost, "family");
+  auto unit = units.find(f.family);
+  if (unit == units.end()) {
+    unit = units.emplace(new_ref(f.family), attr(cost, "unit")).first;
+  }
+  f.unit = new_ref(unit->second);
+  f.flops = attr(cost, "flops");
+  f.transcendentals = attr(cost, "transcendentals");
+  f.matmul = attr(cost, "matmul");
+  f.bytes_read = unless_none(attr(cost, "bytes_read"));
+  f.bytes_written = unless_none(attr(cost, "bytes_written"));
+  PyObject* dtype = attr(cost, "dtype");
+  const int truthy = PyObject_IsTrue(dtype);
+  if (truthy < 0) {
+    Py_DECREF(dtype);
+    throw python_error();
+  }
+  if (truthy == 0) {  // cost.dtype or ...
+    Py_DECREF(dtype);
+    dtype = nullptr;
+  }
+  f.dtype = dtype;
+  return f;
+}
+
+// counted_cost(name, input numels, output numels) per (name, numels), kept here (GIL held): most ops'
+// costs depend on nothing else, and asking Python per op was most of a record's cost.
+std::unordered_map<std::vector<int64_t>, CostFacts, VecHash> g_counted;
+
+const CostFacts& counted_facts(PyObject* name, const std::vector<int32_t>& refs, int32_t first, int32_t n_in,
+                               int32_t n_out) {
+  std::vector<int64_t> key;
+  key.reserve(3 + n_in + n_out);
+  key.push_back(reinterpret_cast<int64_t>(name));  // op names are interned and never freed (fallback.cpp plans)
+  key.push_back(n_in);
+  for (int32_t i = 0; i < n_in + n_out; ++i) {
+    key.push_back(g_meta_objs[refs[first + i]].numel);
+  }
+  auto found = g_counted.find(key);
+  if (found != g_counted.end()) {
+    return found->second;
+  }
+  auto numels = [&](int32_t from, int32_t count) {
+    py::tuple out(count);
+    for (int32_t i = 0; i < count; ++i) {
+      out[i] = py::int_(g_meta_objs[refs[first + from + i]].numel);
+    }
+    return out;
+  };
+  py::object cost = py::reinterpret_steal<py::object>(PyObject_CallFunctionObjArgs(
+      g_counted_cost, name, numels(0, n_in).ptr(), numels(n_in, n_out).ptr(), nullptr));
+  if (!cost) {
+    throw python_error();
+  }
+  if (g_counted.size() > 100000) {  // a program of ever-new shapes: keep the memory bounded
+    for (auto& [k, f] : g_counted) {
+      f.release();
+    }
+    g_counted.clear();
+  }
+  return g_counted.emplace(std::move(key), facts_of(cost.ptr())).first->second;
+}
+
+// A tuple of the metas refs[first, first + count), untracked (it holds metas only).
+PyObject* meta_tuple(const std::vector<int32_t>& refs, int32_t first, int32_t count) {
+  PyObject* out = PyTuple_New(count);
+  if (out == nullptr) {
+    throw python_error();
+  }
+  for (int32_t i = 0; i < count; ++i) {
+    PyTuple_SET_ITEM(out, i, new_ref(g_meta_objs[refs[first + i]].obj));
+  }
+  untrack(out);
+  return out;
+}
+
+PyObject* bytes_of(PyObject* given, const std::vector<int32_t>& refs, int32_t first, int32_t count) {
+  if (given != nullptr) {
+    const double v = PyFloat_AsDouble(given);
+    if (v == -1.0 && PyErr_Occurred()) {
+      throw python_error();
+    }
+    return PyFloat_FromDouble(v);
+  }
+  int64_t total = 0;
+  for (int32_t i = 0; i < count; ++i) {
+    total += g_meta_objs[refs[first + i]].nbytes;
+  }
+  return PyFloat_FromDouble(static_cast<double>(total));
+}
+
+// An op's OpRecord, as backend/recorder.py's _op_record makes it.
+PyObject* op_record(Py_ssize_t seq, const Event& e, const std::vector<int32_t>& refs, const CostFacts& cost) {
+  PyObject* dtype = cost.dtype;
+  if (dtype == nullptr) {
+    dtype = e.n_out > 0 ? g_meta_objs[refs[e.first + e.n_in]].dtype
+          : e.n_in > 0  ? g_meta_objs[refs[e.first]].dtype
+                        : names().float32;
+  }
+  return make_record(g_op_record, {{"seq", PyLong_FromSsize_t(seq)}, {"op", new_ref(e.name)},
+                                   {"unit", new_ref(cost.unit)}, {"dtype", new_ref(dtype)},
+                                   {"inputs", meta_tuple(refs, e.first, e.n_in)},
+                                   {"outputs", meta_tuple(refs, e.first + e.n_in, e.n_out)},
+                                   {"flops", new_ref(cost.flops)}, {"transcendentals", new_ref(cost.transcendentals)},
+                                   {"bytes_read", bytes_of(cost.bytes_read, refs, e.first, e.n_in)},
+                                   {"bytes_written", bytes_of(cost.bytes_written, refs, e.first + e.n_in, e.n_out)},
+                                   {"matmul", new_ref(cost.matmul)}, {"source", new_ref(e.source)},
+                                   {"rank", PyLong_FromLong(0)}, {"program", PyLong_FromLong(0)},
+                                   {"family", new_ref(cost.family)}});
+}
+
 }  // namespace
 
-void record_classes(py::object memory_record, py::object tensor_meta) {
+void record_classes(py::object memory_record, py::object tensor_meta, py::object op, py::object host,
+                    py::object counted_cost, py::object copy_family) {
   g_memory_record = memory_record.release().ptr();
   g_tensor_meta = tensor_meta.release().ptr();
+  g_op_record = op.release().ptr();
+  g_host_record = host.release().ptr();
+  g_counted_cost = counted_cost.release().ptr();
+  g_copy_family = copy_family.release().ptr();
 }
 
 void record_start() {
@@ -460,6 +662,7 @@ void record_start() {
     g_recording = true;
   }
   release_all(costs);
+  release_all(clear_meta_objs());
 }
 
 void record_stop() {
@@ -470,10 +673,12 @@ void record_stop() {
     costs = clear_log();
   }
   release_all(costs);
+  release_all(clear_meta_objs());
 }
 
-// (new tensor metas, events) since the last drain, the events numbered from `seq` on: memory events as
-// their MemoryRecords, the others as tuples backend/recorder.py's _drain turns into records.
+// (new tensor metas, records) since the last drain, the records numbered from `seq` on: each event as
+// the record backend/recorder.py appends (OpRecord, MemoryRecord, HostRecord), untracked by the
+// garbage collector; an op's cost is the one computed at the op, else costs.counted_cost's.
 py::tuple record_drain(Py_ssize_t seq) {
   const Names& n = names();
   std::vector<Event> events;
@@ -484,33 +689,66 @@ py::tuple record_drain(Py_ssize_t seq) {
     events.swap(g_events);
     all_refs.swap(g_refs);
     new_metas.swap(g_new_metas);
+    g_events.reserve(events.size());  // the next step logs about as much: no regrowth per op
+    g_refs.reserve(all_refs.size());
   }
+  struct Costs {  // the costs computed at ops: released however the drain ends
+    std::vector<Event>& events;
+    ~Costs() {
+      for (auto& e : events) {
+        Py_XDECREF(e.cost);
+        e.cost = nullptr;
+      }
+    }
+  } owned{events};
   py::list metas = metas_to_py(new_metas);
   py::list out;
   for (auto& e : events) {
     const Py_ssize_t at = seq++;
+    PyObject* record = nullptr;
     switch (e.kind) {
       case kAlloc:
       case kFree:
-        out.append(py::reinterpret_steal<py::object>(make_record(
+        record = make_record(
             g_memory_record, {{"seq", PyLong_FromSsize_t(at)}, {"event", new_ref(e.kind == kAlloc ? n.alloc : n.free)},
                               {"storage", PyLong_FromLongLong(e.a)}, {"bytes", PyLong_FromLongLong(e.b)},
-                              {"rank", PyLong_FromLong(0)}})));
+                              {"rank", PyLong_FromLong(0)}});
         break;
-      case kOp: {
-        py::object cost = e.cost != nullptr ? py::reinterpret_steal<py::object>(e.cost) : py::none();
-        e.cost = nullptr;
-        out.append(py::make_tuple(e.kind, borrow(e.name), refs(all_refs, e.first, e.n_in),
-                                  refs(all_refs, e.first + e.n_in, e.n_out), borrow(e.source), std::move(cost)));
+      case kOp:
+        if (e.cost != nullptr) {
+          CostFacts facts = facts_of(e.cost);
+          try {
+            record = op_record(at, e, all_refs, facts);
+          } catch (...) {
+            facts.release();
+            throw;
+          }
+          facts.release();
+        } else {
+          record = op_record(at, e, all_refs, counted_facts(e.name, all_refs, e.first, e.n_in, e.n_out));
+        }
+        break;
+      case kCopy: {
+        PyObject* dtype = e.name;  // a copy's event name is its destination's dtype
+        record = make_record(g_op_record, {{"seq", PyLong_FromSsize_t(at)}, {"op", new_ref(n.copy)},
+                                           {"unit", new_ref(n.dma)}, {"dtype", new_ref(dtype)},
+                                           {"inputs", meta_tuple(all_refs, e.first, 1)},
+                                           {"outputs", meta_tuple(all_refs, e.first + 1, 1)},
+                                           {"flops", PyFloat_FromDouble(0.0)}, {"transcendentals", PyFloat_FromDouble(0.0)},
+                                           {"bytes_read", PyFloat_FromDouble(static_cast<double>(e.a))},
+                                           {"bytes_written", PyFloat_FromDouble(static_cast<double>(e.b))},
+                                           {"matmul", new_ref(Py_None)}, {"source", new_ref(e.source)},
+                                           {"rank", PyLong_FromLong(0)}, {"program", PyLong_FromLong(0)},
+                                           {"family", new_ref(g_copy_family)}});
         break;
       }
-      case kCopy:
-        out.append(py::make_tuple(e.kind, borrow(e.name), refs(all_refs, e.first, 1), refs(all_refs, e.first + 1, 1),
-                                  borrow(e.source), e.a, e.b));
-        break;
       default:
-        out.append(py::make_tuple(e.kind, borrow(e.name), borrow(e.reason), e.a, borrow(e.source)));
+        record = make_record(g_host_record, {{"seq", PyLong_FromSsize_t(at)}, {"event", new_ref(e.name)},
+                                             {"reason", new_ref(e.reason)}, {"bytes", PyLong_FromLongLong(e.a)},
+                                             {"seconds", PyFloat_FromDouble(0.0)}, {"source", new_ref(e.source)},
+                                             {"rank", PyLong_FromLong(0)}});
     }
+    out.append(py::reinterpret_steal<py::object>(record));
   }
   return py::make_tuple(std::move(metas), std::move(out));
 }
@@ -531,34 +769,6 @@ py::tuple record_metas(const std::vector<at::Tensor>& tensors) {
     out.append(py::int_(i));
   }
   return py::make_tuple(metas_to_py(new_metas), std::move(out));
-}
-
-// Records and tensor metas are frozen and hold only numbers, strings, tuples of metas and enum members:
-// no reference cycle can pass through them, so the garbage collector need not walk them (a
-// recording's hundreds of thousands of them made every full collection walk them all, once most
-// of the recorder's time). Refcounting still frees them.
-void record_untrack(const py::list& objects) {
-  auto untrack = [](PyObject* o) {
-    if (PyObject_IS_GC(o) && PyObject_GC_IsTracked(o)) {
-      PyObject_GC_UnTrack(o);
-    }
-  };
-  for (auto handle : objects) {
-    PyObject* o = handle.ptr();
-    untrack(o);
-    PyObject** dict = _PyObject_GetDictPtr(o);
-    if (dict != nullptr && *dict != nullptr) {
-      untrack(*dict);
-      PyObject* key = nullptr;
-      PyObject* value = nullptr;
-      Py_ssize_t pos = 0;
-      while (PyDict_Next(*dict, &pos, &key, &value)) {
-        if (PyTuple_CheckExact(value)) {
-          untrack(value);
-        }
-      }
-    }
-  }
 }
 
 // A fresh tensor id, for values that live only inside a compiled program (backend/recorder.py).

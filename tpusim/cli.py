@@ -22,6 +22,8 @@ COMMANDS = {
     "run": "run",
     "compare": "compare",
     "validate": "validate",
+    "check": "check",
+    "sweep": "sweep",
 }
 
 DESCRIPTION = """\

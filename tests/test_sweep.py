@@ -1,0 +1,165 @@
+"""tpusim sweep on an embedded Dask LocalCluster: the grid, one row per point whatever happens to its task
+(priced, invalid, failed after retries, worker killed), the same numbers as pricing each point alone, the
+Pareto front against its definition, and the files written."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import cloudpickle
+import pandas as pd
+import pytest
+from factories import training_trace
+
+from tpusim.errors import TpusimError
+from tpusim.pricing import price
+from tpusim.sweep import Grid, Point, load_recording, sweep
+from tpusim.sweep.cluster import run_points
+from tpusim.sweep.grid import load_grid_file, split_list
+from tpusim.sweep.pareto import pareto_flags
+from tpusim.sweep.point import price_point
+from tpusim.topology import build_slice
+from tpusim.trace import write_trace
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the pricers below run on worker processes
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("run")
+    write_trace(training_trace(steps=4), folder / "program.jsonl")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def client():
+    """Two single-threaded workers in this process: the Dask path (scatter, tasks, retries) in a second."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None,
+                      silence_logs=50) as cluster, Client(cluster) as dask:
+        yield dask
+
+
+@pytest.fixture(scope="module")
+def process_client():
+    """Two worker processes (the default cluster's kind), for a worker that dies."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                      silence_logs=50) as cluster, Client(cluster) as dask:
+        yield dask
+
+
+def test_pareto_flags_match_the_definition() -> None:
+    """On the front iff no other point has chips <= and step <= with one strictly less (ties: first listed)."""
+    chips = [16, 16, 64, 64, 256, 8, 512, 256, 64]
+    steps = [3.0, 2.0, 1.5, 1.5, 1.6, 5.0, 0.5, 0.9, None]
+    flags = pareto_flags(chips, steps)
+    for i, (c, s) in enumerate(zip(chips, steps)):
+        dominated = s is None or any(
+            (c2 <= c and s2 <= s and (c2 < c or s2 < s)) or (c2 == c and s2 == s and j < i)
+            for j, (c2, s2) in enumerate(zip(chips, steps)) if j != i and s2 is not None)
+        assert flags[i] == (not dominated), (i, c, s)
+    assert [i for i, f in enumerate(flags) if f] == [1, 2, 5, 6, 7]
+
+
+def test_grid_expands_every_axis_and_rejects_bad_values(tmp_path: Path) -> None:
+    grid = Grid(("v5p", "v6e"), ("2d:4x4", "3d:4x4x4"), ("strict,fused",), ("1", "2"), ("default",))
+    points = grid.points()
+    assert len(points) == 2 * 2 * 2 * 2 and len(set(points)) == len(points)
+    assert Point("v6e", "3d:4x4x4", 2, "fused") in points
+    assert split_list("tp=x,fsdp=yz;default") == ("tp=x,fsdp=yz", "default")
+    (tmp_path / "grid.toml").write_text('chip = ["v5p"]\ntopology = ["2d:2x2", "2d:4x4"]\nslices = [1, 4]\n')
+    assert load_grid_file(tmp_path / "grid.toml") == {"chips": ("v5p",), "topologies": ("2d:2x2", "2d:4x4"),
+                                                      "slices": (1, 4)}
+    (tmp_path / "bad.toml").write_text('chips = ["v5p"]\nbatch = [1]\n')
+    with pytest.raises(TpusimError, match="unknown key 'batch'"):
+        load_grid_file(tmp_path / "bad.toml")
+    with pytest.raises(TpusimError, match="mode"):
+        Grid(("v5p",), ("2d:4x4",), ("turbo",))
+    with pytest.raises(TpusimError, match="slices"):
+        Grid(("v5p",), ("2d:4x4",), slices=("0",))
+
+
+def test_sweep_rows_equal_each_point_priced_alone(recording: Path, client, tmp_path: Path) -> None:
+    table = sweep(recording, chips=("v5p", "v6e"), topologies=("2d:2x2", "3d:2x2x2"), modes=("strict", "fused"),
+                  slices=(2,), client=client, out=tmp_path / "out")
+    assert len(table) == 8
+    trace = load_recording(recording).trace
+    for row in table.itertuples():
+        slice_ = None
+        try:
+            slice_ = build_slice(row.topology, chip=row.chip, slices=row.slices)
+        except TpusimError as error:
+            assert row.status == "invalid" and row.error == str(error)
+            continue
+        alone = price(trace, topology=slice_, mode=row.mode)
+        assert row.status == "ok" and row.chips == slice_.total_chips
+        assert row.total_s == pytest.approx(alone.total_s, rel=1e-12)
+    assert set(table[table.status == "invalid"].chip) == {"v6e"}          # v6e is a 2D torus
+    assert (table.status == "ok").sum() == 6
+    saved = pd.read_parquet(tmp_path / "out" / "sweep.parquet")
+    pd.testing.assert_frame_equal(saved, table, check_dtype=False)
+    assert len(pd.read_csv(tmp_path / "out" / "sweep.csv")) == 8
+    page = (tmp_path / "out" / "sweep.html").read_text()
+    assert page.count("data:image/png;base64,") == 2 and "Pareto front" in page and "v6e is a 2D torus" in page
+
+
+_ATTEMPTS = "TPUSIM_TEST_ATTEMPTS"
+
+
+def flaky_then_broken(trace, point: Point, tokens=None):
+    """Fails the first attempt at every point (retried, then priced); v5e points always fail."""
+    marker = Path(os.environ[_ATTEMPTS]) / f"{point.chip}-{point.topology}-{point.mode}"
+    if point.chip == "v5e":
+        raise RuntimeError("pricer bug on v5e")
+    if not marker.exists():
+        marker.write_text("tried")
+        raise ConnectionError("transient")
+    return price_point(trace, point, tokens)
+
+
+def test_failed_tasks_are_retried_then_reported_never_dropped(recording: Path, client, tmp_path: Path) -> None:
+    client.run(lambda: os.environ.__setitem__(_ATTEMPTS, str(tmp_path)))
+    points = [Point(c, "2d:2x2", 1, m) for c, m in itertools.product(("v5p", "v5e"), ("strict", "fused"))]
+    rows = run_points(client, load_recording(recording).trace, points, retries=1, price=flaky_then_broken)
+    by_chip = {(r["chip"], r["mode"]): r for r in rows}
+    assert len(rows) == 4 and set(by_chip) == {(p.chip, p.mode) for p in points}
+    assert all(by_chip[("v5p", m)]["status"] == "ok" for m in ("strict", "fused"))     # retried once, priced
+    assert all(by_chip[("v5e", m)]["status"] == "failed" and by_chip[("v5e", m)]["error"] ==
+               "RuntimeError: pricer bug on v5e" for m in ("strict", "fused"))
+
+
+def kill_worker_on_v5e(trace, point: Point, tokens=None):
+    if point.chip == "v5e":
+        os._exit(1)                         # the worker process dies mid-task
+    return price_point(trace, point, tokens)
+
+
+@pytest.mark.slow   # worker processes start, and the nanny restarts the killed one until it gives up: ~1 min
+def test_a_point_that_kills_its_worker_is_reported(recording: Path, process_client) -> None:
+    points = [Point("v5p", "2d:2x2", 1, "strict"), Point("v5e", "2d:2x2", 1, "strict")]
+    rows = run_points(process_client, load_recording(recording).trace, points, price=kill_worker_on_v5e)
+    status = {r["chip"]: r for r in rows}
+    assert status["v5p"]["status"] == "ok", status["v5p"]["error"]
+    assert status["v5e"]["status"] == "failed" and "KilledWorker" in status["v5e"]["error"]
+
+
+@pytest.mark.slow   # a fresh process starting its own local cluster: ~30 s on 2 busy cores
+def test_the_command_line_writes_the_table_and_says_what_failed(recording: Path, tmp_path: Path) -> None:
+    (tmp_path / "grid.toml").write_text('chip = ["v5p", "v6e"]\ntopology = ["3d:2x2x2"]\nmode = ["strict"]\n')
+    done = subprocess.run([sys.executable, "-m", "tpusim", "sweep", str(recording), "--grid",
+                           str(tmp_path / "grid.toml"), "--slices", "1,2", "--workers", "1", "--quiet",
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "4 points" in done.stdout and "2 priced, 2 invalid, 0 failed" in done.stdout
+    assert "8 chips" in done.stdout and "v5p 3d:2x2x2 strict default" in done.stdout    # the Pareto front
+    assert len(pd.read_csv(tmp_path / "out" / "sweep.csv")) == 4
+    bad = subprocess.run([sys.executable, "-m", "tpusim", "sweep", str(tmp_path / "nowhere"), "--chip", "v5p"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no program.jsonl there" in bad.stderr and "Traceback" not in bad.stderr

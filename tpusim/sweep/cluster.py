@@ -1,0 +1,157 @@
+"""Run a sweep's points on Dask: one task per point, results streaming back as they finish.
+
+Where the cluster comes from: ``--scheduler tcp://host:port`` (or DASK_SCHEDULER_ADDRESS) for an existing
+one, else an embedded ``LocalCluster`` of worker processes (pricing is pure Python: threads would share
+one GIL). A task that raises is retried (``retries``); a point whose worker keeps dying ends as
+``KilledWorker``: either way it becomes a row with status "failed" and the error, never a silently
+missing row. The trace is one task every point depends on (sent to each worker once), so workers that
+die take no other point with them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from tpusim.errors import TpusimError
+from tpusim.sweep.grid import Point
+from tpusim.sweep.point import point_slice, price_point
+from tpusim.trace import Trace
+
+SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
+
+
+def scheduler_address(given: str | None) -> str | None:
+    """--scheduler, else DASK_SCHEDULER_ADDRESS, else None (an embedded LocalCluster)."""
+    return given or os.environ.get(SCHEDULER_ENV) or None
+
+
+@contextmanager
+def dask_client(scheduler: str | None = None, workers: int | None = None) -> Iterator[Any]:
+    """A connected ``distributed.Client``; a scheduler that cannot be reached is one TpusimError."""
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise TpusimError("tpusim sweep needs Dask: pip install -e '.[sweep]' (dask[distributed], pandas, "
+                          "pyarrow)") from None
+    address = scheduler_address(scheduler)
+    if address:
+        try:
+            client = Client(address, timeout="15s")
+        except (OSError, TimeoutError, ValueError) as error:
+            raise TpusimError(f"cannot reach the Dask scheduler at {address!r} ({error}); start one with "
+                              f"`dask scheduler` or leave --scheduler and {SCHEDULER_ENV} unset for a local "
+                              f"cluster") from None
+        with client:
+            yield client
+        return
+    count = workers or max(1, min(4, os.cpu_count() or 1))
+    with LocalCluster(n_workers=count, threads_per_worker=1, processes=True, dashboard_address=None,
+                      silence_logs=40) as cluster, Client(cluster) as client:
+        yield client
+
+
+def failed_row(point: Point, error: BaseException | str, status: str = "failed") -> dict[str, Any]:
+    return {"chip": point.chip, "topology": point.topology, "slices": point.slices, "mode": point.mode,
+            "placement": point.placement, "status": status,
+            "error": error if isinstance(error, str) else f"{type(error).__name__}: {error}"}
+
+
+def run_points(client: Any, trace: Trace, points: list[Point], tokens_per_step: int | None = None,
+               retries: int = 2, on_row: Callable[[dict[str, Any]], None] | None = None,
+               price: Callable[..., dict[str, Any]] = price_point) -> list[dict[str, Any]]:
+    """Every point priced on ``client``'s workers by ``price`` (``price_point``; tests pass one that fails);
+    rows in the order they finished. Points whose slice cannot exist (a chip without that topology) are
+    rows with status "invalid" at once, not tasks."""
+    rows: list[dict[str, Any]] = []
+
+    def done(row: dict[str, Any]) -> None:
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+
+    tasks = []
+    for point in points:
+        try:
+            point_slice(point)
+            tasks.append(point)
+        except TpusimError as error:
+            done(failed_row(point, str(error), "invalid"))
+    if not tasks:
+        return rows
+    stamp = time.time_ns()
+    # the trace as a task, not scattered data: if every worker holding it dies, the scheduler computes it
+    # again from the task (scattered data would be lost, and with it every point not yet priced)
+    shared = client.submit(_the_trace, trace, pure=False, key=f"tpusim-trace-{stamp}")
+    futures = {client.submit(_on_worker, price, shared, point, tokens_per_step, retries=retries, pure=False,
+                             key=f"tpusim-price-{stamp}-{i}"): point for i, point in enumerate(tasks)}
+    suspects = []
+    for future, outcome in _finished(client, futures):
+        if isinstance(outcome, BaseException) and type(outcome).__name__ == "KilledWorker":
+            suspects.append(futures[future])
+        else:
+            done(failed_row(futures[future], outcome) if isinstance(outcome, BaseException) else outcome)
+    # Dask blames every task queued on a worker that died, not only the one that killed it: each such point
+    # runs again alone, so only a point that kills its worker by itself ends as failed
+    for i, point in enumerate(suspects):
+        future = client.submit(_on_worker, price, shared, point, tokens_per_step, retries=retries, pure=False,
+                               key=f"tpusim-alone-{stamp}-{i}")
+        for _, outcome in _finished(client, {future: point}):
+            done(failed_row(point, outcome) if isinstance(outcome, BaseException) else outcome)
+    return rows
+
+
+NO_WORKERS_GRACE_S = 60.0     # a cluster with no worker for this long gets its pending points reported
+
+
+def _finished(client: Any, futures: dict[Any, Point], poll_s: float = 2.0) -> Iterator[tuple[Any, Any]]:
+    """(future, its result or its exception) as each finishes; when the cluster has had no worker for
+    NO_WORKERS_GRACE_S, every point still pending ends with that error instead of waiting forever."""
+    from distributed import wait
+
+    pending, lonely_since = set(futures), None
+    while pending:
+        try:
+            finished, pending = wait(pending, timeout=poll_s, return_when="FIRST_COMPLETED")
+        except TimeoutError:
+            finished = set()
+        for future in finished:
+            try:
+                yield future, future.result()
+            except Exception as error:      # noqa: BLE001 (a failed task, KilledWorker, ...: reported as a row)
+                yield future, error
+            finally:
+                future.release()
+        if finished or client.scheduler_info().get("workers"):
+            lonely_since = None
+        elif lonely_since is None:
+            lonely_since = time.monotonic()
+        elif time.monotonic() - lonely_since > NO_WORKERS_GRACE_S:
+            for future in pending:
+                yield future, RuntimeError(f"no Dask worker alive for {NO_WORKERS_GRACE_S:.0f} s: the cluster "
+                                           f"lost all its workers (see the workers' logs)")
+                future.release()
+            return
+
+
+def _the_trace(trace: Trace) -> Trace:
+    return trace
+
+
+def _on_worker(price: Callable[..., dict[str, Any]], trace: Trace, point: Point,
+               tokens_per_step: int | None) -> dict[str, Any]:
+    """The task: ``price`` the point and name the worker that did (the table's ``worker`` column)."""
+    from distributed import get_worker
+
+    return {**price(trace, point, tokens_per_step), "worker": get_worker().name}
+
+
+def progress_bar(total: int, quiet: bool) -> Any:
+    """tqdm on stderr (a no-op bar with --quiet or when stderr is not a terminal and nobody asked)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="point", desc="pricing", file=sys.stderr, disable=quiet, mininterval=0.5)

@@ -1,0 +1,87 @@
+"""The grid a sweep prices: chips x topologies x slices x eager modes x placements, from flags or a TOML file.
+
+Why its own module: the command line, the grid file and the Python API all build the same ``Grid``, and
+the points it expands to are what Dask tasks are made of (one ``Point`` = one task). Adding an axis = one
+field here, one flag in commands/sweep.py, one argument to ``price_point``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from tpusim.errors import TpusimError
+
+DEFAULT_PLACEMENT = "default"   # the recorded mesh's default mapping (no --placement)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One configuration to price: a task of the sweep and a row of its table."""
+
+    chip: str
+    topology: str
+    slices: int
+    mode: str
+    placement: str = DEFAULT_PLACEMENT
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Lists per axis; the sweep prices their product."""
+
+    chips: tuple[str, ...]
+    topologies: tuple[str, ...]
+    modes: tuple[str, ...] = ("strict",)
+    slices: tuple[int, ...] = (1,)
+    placements: tuple[str, ...] = (DEFAULT_PLACEMENT,)
+
+    def __post_init__(self) -> None:
+        from tpusim.modes import resolve_modes
+        from tpusim.topology import parse_slices
+
+        for f in fields(self):
+            if not getattr(self, f.name):
+                raise TpusimError(f"the sweep grid needs at least one value for {f.name}")
+        object.__setattr__(self, "modes", tuple(dict.fromkeys(m for text in self.modes
+                                                              for m in resolve_modes(text))))
+        object.__setattr__(self, "slices", tuple(parse_slices(s) for s in self.slices))
+
+    def points(self) -> list[Point]:
+        return [Point(chip, topology, slices, mode, placement) for chip, topology, slices, mode, placement
+                in itertools.product(self.chips, self.topologies, self.slices, self.modes, self.placements)]
+
+
+def split_list(text: str | None) -> tuple[str, ...]:
+    """``v5p,v6e`` -> ("v5p", "v6e"); placements use ``;`` between them (a placement has commas inside)."""
+    if text is None:
+        return ()
+    sep = ";" if "=" in text else ","
+    return tuple(part.strip() for part in text.split(sep) if part.strip())
+
+
+GRID_KEYS = {"chip": "chips", "topology": "topologies", "mode": "modes", "slices": "slices",
+             "placement": "placements"}
+
+
+def load_grid_file(path: str | Path) -> dict[str, tuple]:
+    """A TOML grid file, e.g. ``chip = ["v5p", "v6e"]`` / ``topology = ["2d:4x4"]`` / ``slices = [1, 2]``:
+    axis name -> values (plural names accepted too)."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TpusimError(f"--grid {str(path)!r}: no such file") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise TpusimError(f"--grid {str(path)!r}: not a TOML grid file ({error})") from None
+    found = {}
+    for key, value in data.items():
+        axis = GRID_KEYS.get(key, key if key in GRID_KEYS.values() else None)
+        if axis is None:
+            raise TpusimError(f"--grid {str(path)!r}: unknown key {key!r}; accepted: {', '.join(GRID_KEYS)}")
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(isinstance(v, str | int) and not isinstance(v, bool) for v in values):
+            raise TpusimError(f"--grid {str(path)!r}: {key} must be a list of names or numbers, not {value!r}")
+        found[axis] = tuple(values)
+    return found

@@ -1,0 +1,55 @@
+"""Price one sweep point: the recorded trace on one chip / slice / mode / placement -> one table row.
+
+This is what a Dask task runs on a worker, so it is a plain function of picklable values that never
+raises for a point that cannot be priced (a topology the chip has no such shape of, a placement the mesh
+does not fit): that is a row with ``status`` "invalid" and the reason. Anything else (a worker killed, a
+bug) propagates so Dask retries the task and the sweep reports it if it keeps failing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tpusim.errors import TpusimError
+from tpusim.sweep.grid import DEFAULT_PLACEMENT, Point
+from tpusim.trace import Trace
+
+COLUMNS = ("chip", "topology", "slices", "mode", "placement", "chips", "status", "step_time_s", "total_s",
+           "mfu", "tflops_per_s_per_chip", "tokens_per_s_per_chip", "hbm_peak_bytes", "hbm_peak_fraction",
+           "collective_exposed_s", "host_stall_s", "kernels", "bound", "price_wall_s", "worker", "error")
+
+
+def point_slice(point: Point):
+    """The point's Slice (bad chip/topology pairs raise TpusimError here, before any pricing)."""
+    from tpusim.topology import build_slice
+
+    return build_slice(point.topology, chip=point.chip, slices=point.slices)
+
+
+def price_point(trace: Trace, point: Point, tokens_per_step: int | None = None) -> dict[str, Any]:
+    """One row: the point, then its headline numbers (report.json's per-mode section, the same numbers
+    ``tpusim run`` reports), or ``status`` "invalid" with the reason."""
+    from tpusim.placement import apply_placement
+    from tpusim.pricing import price
+    from tpusim.report.model import mode_report
+
+    began = time.perf_counter()
+    row: dict[str, Any] = {"chip": point.chip, "topology": point.topology, "slices": point.slices,
+                           "mode": point.mode, "placement": point.placement}
+    try:
+        slice_ = point_slice(point)
+        row["chips"] = slice_.total_chips
+        placed = apply_placement(trace, slice_, None if point.placement == DEFAULT_PLACEMENT else point.placement)
+        timeline = price(placed, topology=slice_, mode=point.mode)
+        entry = mode_report(timeline, placed, slice_, tokens_per_step)
+    except TpusimError as error:
+        return {**row, "status": "invalid", "error": str(error), "price_wall_s": time.perf_counter() - began}
+    head = entry["headline"]
+    return {**row, "status": "ok", "step_time_s": entry["step_time_median_s"], "total_s": entry["total_s"],
+            "mfu": entry["mfu"], "tflops_per_s_per_chip": head.get("tflops_per_s_per_chip"),
+            "tokens_per_s_per_chip": head.get("tokens_per_s_per_chip"),
+            "hbm_peak_bytes": entry["hbm"]["peak_bytes"], "hbm_peak_fraction": entry["hbm"]["peak_fraction"],
+            "collective_exposed_s": entry["device_s"]["collective_exposed"], "host_stall_s": entry["host_s"]["stall"],
+            "kernels": entry["kernels"], "bound": head.get("bound"), "price_wall_s": time.perf_counter() - began,
+            "error": None}

@@ -1,0 +1,105 @@
+"""What a sweep writes: the table (sweep.csv, sweep.parquet: one row per point, every headline metric, a
+``pareto`` column) and sweep.html (step time and MFU against chips per chip generation, the Pareto front,
+the best placement per topology), each file written atomically (tpusim/output.py)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+from typing import Any
+
+from tpusim.output import atomic_open, write_atomic
+from tpusim.sweep.pareto import pareto_flags
+from tpusim.sweep.point import COLUMNS
+
+
+def sweep_table(rows: list[dict[str, Any]]) -> Any:
+    """Rows -> DataFrame in COLUMNS order, sorted by chip, topology, slices, mode, placement, with ``pareto``."""
+    import pandas as pd
+
+    table = pd.DataFrame([{c: row.get(c) for c in COLUMNS} for row in rows], columns=list(COLUMNS))
+    for column in ("chips", "hbm_peak_bytes", "kernels"):   # whole numbers; missing on rows not priced
+        table[column] = table[column].astype("Int64")
+    table = table.sort_values(["chip", "topology", "slices", "mode", "placement"], kind="stable")
+    table = table.reset_index(drop=True)
+    ok = table["status"] == "ok"
+    chips = [int(c) if k else None for c, k in zip(table["chips"], ok)]
+    steps = [float(s) if k else None for s, k in zip(table["step_time_s"], ok)]
+    table["pareto"] = pareto_flags(chips, steps)
+    return table
+
+
+def best_placements(table: Any) -> Any:
+    """The fastest row per chip x topology x slices (its mode and placement say what wins there)."""
+    ok = table[table["status"] == "ok"]
+    if ok.empty:
+        return ok
+    index = ok.groupby(["chip", "topology", "slices"])["step_time_s"].idxmin()
+    return ok.loc[index, ["chip", "topology", "slices", "chips", "mode", "placement", "step_time_s", "mfu"]]
+
+
+def _figure_png(table: Any, metric: str, label: str) -> str:
+    """``metric`` against chips, one series per chip generation (and the Pareto front on step time)."""
+    from matplotlib.figure import Figure  # no pyplot: a notebook's own backend stays as it was
+
+    figure = Figure(figsize=(7, 4.2))
+    axes = figure.subplots()
+    ok = table[table["status"] == "ok"]
+    for chip, group in ok.groupby("chip"):
+        axes.scatter(group["chips"], group[metric], label=chip, alpha=0.75)
+    if metric == "step_time_s":
+        front = ok[ok["pareto"]].sort_values("chips")
+        axes.step(front["chips"], front["step_time_s"], where="post", color="black", linewidth=1,
+                  label="Pareto front")
+        axes.set_yscale("log")
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("chips")
+    axes.set_ylabel(label)
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _html_table(frame: Any) -> str:
+    return frame.to_html(index=False, na_rep="-", float_format=lambda v: f"{v:.4g}", border=0)
+
+
+def sweep_html(table: Any, title: str) -> str:
+    failed = table[table["status"] != "ok"]
+    parts = [f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+             "td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}</style>",
+             f"<h1>{html.escape(title)}</h1>",
+             f"<p>{len(table)} points: {int((table['status'] == 'ok').sum())} priced, "
+             f"{int((table['status'] == 'invalid').sum())} invalid, {int((table['status'] == 'failed').sum())} "
+             f"failed.</p>"]
+    if (table["status"] == "ok").any():
+        parts += ["<h2>Step time against chips</h2>",
+                  f"<img alt='step time vs chips' src='data:image/png;base64,"
+                  f"{_figure_png(table, 'step_time_s', 'step time (s)')}'>",
+                  "<h2>MFU against chips</h2>",
+                  f"<img alt='MFU vs chips' src='data:image/png;base64,{_figure_png(table, 'mfu', 'MFU')}'>",
+                  "<h2>Pareto front (step time vs chips)</h2>", _html_table(
+                      table[table["pareto"]].sort_values("chips")[["chip", "topology", "slices", "chips", "mode",
+                                                                   "placement", "step_time_s", "mfu"]]),
+                  "<h2>Best mode and placement per topology</h2>", _html_table(best_placements(table))]
+    if not failed.empty:
+        parts += ["<h2>Points not priced</h2>",
+                  _html_table(failed[["chip", "topology", "slices", "mode", "placement", "status", "error"]])]
+    parts += ["<h2>All points</h2>", _html_table(table)]
+    return "\n".join(parts)
+
+
+def write_sweep(table: Any, out_dir: Path, title: str) -> dict[str, Path]:
+    """sweep.csv, sweep.parquet, sweep.html in ``out_dir``; returns their paths."""
+    files = {"csv": out_dir / "sweep.csv", "parquet": out_dir / "sweep.parquet", "html": out_dir / "sweep.html"}
+    write_atomic(files["csv"], table.to_csv(index=False))
+    with atomic_open(files["parquet"], "wb") as handle:
+        table.to_parquet(handle, index=False)
+    write_atomic(files["html"], sweep_html(table, title))
+    return files

@@ -54,6 +54,19 @@ def test_the_readme_sweeps_run_as_written(user_folder: Path) -> None:
     assert "step_time_s" in done.stdout and "pareto" in done.stdout
 
 
+@pytest.mark.slow      # four recordings of examples/transformer.py, 8 points: a few minutes on 2 cores
+def test_the_readme_script_argument_sweep_runs_as_written(user_folder: Path) -> None:
+    done = _bash(readme_block("sweep-script-example"), user_folder)
+    assert done.returncode == 0, done.stderr
+    table = pd.read_parquet(user_folder / "sweeps" / "transformer" / "sweep.parquet")
+    assert len(table) == 4 * 2 and (table.status == "ok").all()          # 4 recordings x 2 topologies
+    assert sorted(set(zip(table.batch, table.seq))) == [(4, 64), (4, 128), (16, 64), (16, 128)]
+    assert (table.tokens_per_s_per_chip * table.step_time_s * table.chips).round().tolist() == \
+        (table.batch * table.seq).astype(float).tolist()
+    assert "per batch, seq" in done.stdout and len(list((user_folder / "sweeps" / "transformer" /
+                                                         "recordings").iterdir())) == 4
+
+
 @pytest.mark.slow      # records examples/mlp.py and sweeps 18 points in a Jupyter kernel
 def test_the_sweep_notebook_prints_its_parquet_table() -> None:
     import nbformat

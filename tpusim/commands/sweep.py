@@ -1,6 +1,8 @@
 """``tpusim sweep REPORT_DIR``: one recording priced over a grid of chips x topologies x slices x eager modes
-x placements on Dask (an embedded LocalCluster, or --scheduler / DASK_SCHEDULER_ADDRESS). The work is
-tpusim/sweep/; this module is its flags and its terminal output."""
+x placements on Dask (an embedded LocalCluster, or --scheduler / DASK_SCHEDULER_ADDRESS).
+``tpusim sweep SCRIPT --script-arg batch-size=8,16``: the script recorded once per combination of its
+swept arguments, each recording priced over the grid. The work is tpusim/sweep/; this module is its flags
+and its terminal output."""
 
 from __future__ import annotations
 
@@ -18,8 +20,16 @@ examples:
   python -m tpusim sweep reports/mlp --grid grid.toml --workers 4 --out sweeps/mlp
   python -m tpusim sweep reports/gpt --topology 3d:4x4x8 --placement "tp=x,fsdp=yz;tp=z,fsdp=xy" --out sweeps/gpt
   DASK_SCHEDULER_ADDRESS=tcp://10.0.0.5:8786 python -m tpusim sweep reports/mlp --chip v5p,v5e --topology 2d:8x8
+  python -m tpusim sweep examples/transformer.py --script-arg batch-size=8,16 --script-arg seq-len=128,256 \
+      --tokens-per-step batch-size*seq-len --chip v5p --topology 3d:2x2x2,3d:4x4x4 --out sweeps/transformer
 
-A grid file is TOML with any of: chip, topology, slices, mode, placement (lists); flags override it.
+With SCRIPT (a .py file) and --script-arg NAME=V1,V2 (repeatable): each combination of the values is
+recorded once by `tpusim run SCRIPT --numerics off -- --NAME V ...` (in turn, under sweeps' --out
+recordings/), then every grid point is priced against it; the table gets one column per script argument,
+and a combination whose recording failed is one failed row per point. Arguments after -- go to every run.
+
+A grid file is TOML with any of: chip, topology, slices, mode, placement (lists), tokens_per_step, and a
+[script_args] table (batch-size = [8, 16]); flags override it.
 Writes sweep.csv, sweep.parquet and sweep.html (plots, Pareto front of step time vs chips) in --out.
 Points that cannot exist (v6e has no 3D torus) are rows with status invalid; points whose task failed
 after --retries (a killed worker) are rows with status failed and the exit code is 1.
@@ -30,7 +40,13 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "sweep", help="price one recording over chips x topologies x slices x modes x placements on Dask",
         description=__doc__.replace("``", ""), epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("report_dir", metavar="REPORT_DIR", help="a folder written by `tpusim run` (program.jsonl)")
+    parser.add_argument("report_dir", metavar="REPORT_DIR|SCRIPT",
+                        help="a folder written by `tpusim run` (program.jsonl), or a script to record per "
+                             "--script-arg combination")
+    parser.add_argument("--script-arg", action="append", metavar="NAME=V1,V2", dest="script_arg",
+                        help="sweep the script's --NAME over these values (repeatable; SCRIPT only)")
+    parser.add_argument("--tokens-per-step", metavar="EXPR",
+                        help="tokens per step for tokens/s, e.g. batch-size*seq-len or 8192 (SCRIPT only)")
     parser.add_argument("--grid", metavar="FILE", help="TOML grid file (chip, topology, slices, mode, placement)")
     parser.add_argument("--chip", help="chip generations, comma list (default: the run's)")
     parser.add_argument("--topology", metavar="SPECS", help="slices, comma list, e.g. 2d:4x4,3d:4x4x4 "
@@ -47,7 +63,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--retries", type=int, default=2, metavar="N", help="retries of a failed task (default 2)")
     parser.add_argument("--out", metavar="DIR", help="output folder (default sweeps/<report>-<time>)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, script_args=[])
 
 
 def _positive(text: str) -> int:
@@ -68,37 +84,115 @@ def grid_axes(args: argparse.Namespace) -> dict[str, tuple]:
     return axes
 
 
+def script_settings(args: argparse.Namespace, axes: dict[str, tuple]) -> tuple[dict[str, tuple], object]:
+    """The script-argument axes (--grid's [script_args], then each --script-arg) and tokens per step; pops
+    them from ``axes`` so what is left is the Grid's."""
+    from tpusim.sweep.script_args import parse_script_arg, script_axes
+
+    script = script_axes(axes.pop("script_args", ()))
+    tokens = (axes.pop("tokens_per_step", None) or (None,))[0]
+    for text in args.script_arg or ():
+        name, values = parse_script_arg(text)
+        script[name] = values
+    return script, args.tokens_per_step if args.tokens_per_step is not None else tokens
+
+
 def run(args: argparse.Namespace) -> int:
     from tpusim.sweep import load_recording, sweep
     from tpusim.sweep.cluster import progress_bar
     from tpusim.sweep.grid import Grid
-    from tpusim.sweep.pareto import pareto_front
-    from tpusim.units import format_seconds
 
-    recording = load_recording(args.report_dir)
     axes = grid_axes(args)
+    script_axes, tokens = script_settings(args, axes)
+    if script_axes or Path(args.report_dir).suffix == ".py":
+        return _run_script(args, axes, script_axes, tokens)
+    if args.script_args or args.tokens_per_step is not None:
+        raise TpusimError("--tokens-per-step and arguments after -- are for a SCRIPT sweep (with --script-arg); "
+                          "a REPORT_DIR's recording has its own")
+    recording = load_recording(args.report_dir)
     axes.setdefault("chips", (recording.chip,) if recording.chip else ())
     axes.setdefault("topologies", (recording.topology,) if recording.topology else ())
     total = len(Grid(**axes).points())     # bad axes fail here, before a cluster starts
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(args.out) if args.out else Path("sweeps") / f"{Path(recording.folder).name}-{stamp}"
+    out = _out(args, Path(recording.folder).name)
     began = time.perf_counter()
     with progress_bar(total, args.quiet) as bar:
         table = sweep(recording, scheduler=args.scheduler, workers=args.workers, retries=args.retries, out=out,
                       on_row=lambda row: bar.update(1), **axes)
-    wall = time.perf_counter() - began
+    return _summary(table, out, time.perf_counter() - began)
+
+
+def _run_script(args: argparse.Namespace, axes: dict[str, tuple], script_axes: dict[str, tuple],
+                tokens: object) -> int:
+    """SCRIPT --script-arg ...: record each combination (a bar), then price every point (a second bar)."""
+    from tqdm import tqdm
+
+    from tpusim.script import check_script
+    from tpusim.sweep import sweep_script
+    from tpusim.sweep.grid import Grid
+    from tpusim.sweep.script_args import combinations
+
+    script = check_script(args.report_dir)
+    if not script_axes:
+        raise TpusimError(f"{args.report_dir}: a script sweep needs --script-arg NAME=V1,V2 (or [script_args] in "
+                          f"--grid); to price one recording, give the folder `tpusim run` wrote")
+    combos = len(combinations(script_axes))
+    per_recording = len(Grid(**axes).points()) if "chips" in axes and "topologies" in axes else None
+    out = _out(args, script.stem)
+    began = time.perf_counter()
+    with tqdm(total=combos, unit="recording", desc="recording", file=sys.stderr, disable=args.quiet) as recorded:
+        bars = {}
+
+        def on_row(row: dict) -> None:
+            if "bar" not in bars:
+                recorded.close()
+                total = combos * per_recording if per_recording else None
+                bars["bar"] = tqdm(total=total, unit="point", desc="pricing", file=sys.stderr, disable=args.quiet)
+            bars["bar"].update(1)
+
+        try:
+            table = sweep_script(script, script_axes, tokens_per_step=tokens, fixed_args=list(args.script_args),
+                                 scheduler=args.scheduler, workers=args.workers, retries=args.retries, out=out,
+                                 on_recorded=lambda r: recorded.update(1), on_row=on_row, **axes)
+        finally:
+            if "bar" in bars:
+                bars["bar"].close()
+    recordings = table.drop_duplicates("recording")
+    for row in recordings.itertuples():
+        if row.status == "failed" and str(row.error).startswith("recording"):
+            print(f"failed: {row.recording}: {row.error}", file=sys.stderr)
+    return _summary(table, out, time.perf_counter() - began)
+
+
+def _out(args: argparse.Namespace, name: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(args.out) if args.out else Path("sweeps") / f"{name}-{stamp}"
+
+
+def _summary(table, out: Path, wall: float) -> int:
+    """The counts, the Pareto front (one per combination of script arguments), the failures; the exit code."""
+    from tpusim.sweep.pareto import pareto_front
+    from tpusim.sweep.write import script_columns_of
+    from tpusim.units import format_seconds
+
     counts = table["status"].value_counts().to_dict()
     print(f"tpusim sweep: {len(table)} points in {wall:.1f} s: {counts.get('ok', 0)} priced, "
           f"{counts.get('invalid', 0)} invalid, {counts.get('failed', 0)} failed")
+    script = script_columns_of(table)
     front = pareto_front(table)
     if not front.empty:
-        print("Pareto front (step time vs chips):")
-        for row in front.itertuples():
-            print(f"  {row.chips:>7} chips  {format_seconds(row.step_time_s):>9}  {row.chip} {row.topology}"
-                  f"{f' x{row.slices}' if row.slices > 1 else ''} {row.mode} {row.placement}")
-    for row in table[table["status"] == "failed"].itertuples():
-        print(f"failed: {row.chip} {row.topology} x{row.slices} {row.mode} {row.placement}: {row.error}",
-              file=sys.stderr)
+        print("Pareto front (step time vs chips" + (f", per {', '.join(script)}" if script else "") + "):")
+        rows = front.sort_values([*script, "chips", "step_time_s"]).to_dict("records")
+        givens = [" ".join(f"{name}={row[name]}" for name in script) for row in rows]
+        width = max(map(len, givens))
+        for row, given in zip(rows, givens):
+            slices = f" x{row['slices']}" if row["slices"] > 1 else ""
+            print(f"  {given.ljust(width) + '  ' if given else ''}{row['chips']:>7} chips  "
+                  f"{format_seconds(row['step_time_s']):>9}  {row['chip']} {row['topology']}{slices} "
+                  f"{row['mode']} {row['placement']}")
+    for row in table[table["status"] == "failed"].to_dict("records"):
+        given = "".join(f" {name}={row[name]}" for name in script)
+        print(f"failed: {row['chip']} {row['topology']} x{row['slices']} {row['mode']} {row['placement']}{given}: "
+              f"{row['error']}", file=sys.stderr)
     print(f"wrote {out / 'sweep.csv'}, sweep.parquet, sweep.html")
     if not counts.get("ok") and not counts.get("failed"):
         raise TpusimError("no point of the grid can exist (every chip x topology pair is invalid): see "

@@ -68,20 +68,38 @@ GRID_KEYS = {"chip": "chips", "topology": "topologies", "mode": "modes", "slices
 
 def load_grid_file(path: str | Path) -> dict[str, tuple]:
     """A TOML grid file, e.g. ``chip = ["v5p", "v6e"]`` / ``topology = ["2d:4x4"]`` / ``slices = [1, 2]``:
-    axis name -> values (plural names accepted too)."""
+    axis name -> values (plural names accepted too); a ``[script_args]`` table (``batch-size = [8, 16]``)
+    comes back as ``script_args``: ((name, values), ...), and ``tokens_per_step`` as a 1-tuple."""
     try:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise TpusimError(f"--grid {str(path)!r}: no such file") from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
         raise TpusimError(f"--grid {str(path)!r}: not a TOML grid file ({error})") from None
-    found = {}
+    found: dict[str, tuple] = {}
     for key, value in data.items():
+        if key in SCRIPT_KEYS:
+            found[key] = _script_key(path, key, value)
+            continue
         axis = GRID_KEYS.get(key, key if key in GRID_KEYS.values() else None)
         if axis is None:
-            raise TpusimError(f"--grid {str(path)!r}: unknown key {key!r}; accepted: {', '.join(GRID_KEYS)}")
+            raise TpusimError(f"--grid {str(path)!r}: unknown key {key!r}; accepted: "
+                              f"{', '.join([*GRID_KEYS, *SCRIPT_KEYS])}")
         values = value if isinstance(value, list) else [value]
         if not values or not all(isinstance(v, str | int) and not isinstance(v, bool) for v in values):
             raise TpusimError(f"--grid {str(path)!r}: {key} must be a list of names or numbers, not {value!r}")
         found[axis] = tuple(values)
     return found
+
+
+SCRIPT_KEYS = ("script_args", "tokens_per_step")    # the script-argument axis (script_args.py), not Grid's
+
+
+def _script_key(path: str | Path, key: str, value: object) -> tuple:
+    if key == "tokens_per_step":
+        if not isinstance(value, str | int) or isinstance(value, bool):
+            raise TpusimError(f"--grid {str(path)!r}: tokens_per_step is a number or e.g. \"batch-size*seq-len\"")
+        return (value,)
+    if not isinstance(value, dict):
+        raise TpusimError(f"--grid {str(path)!r}: script_args is a table, e.g. [script_args] / batch-size = [8, 16]")
+    return tuple(value.items())

@@ -23,7 +23,10 @@ def pareto_flags(chips: list[int | None], step_s: list[float | None]) -> list[bo
 
 
 def pareto_front(table: Any) -> Any:
-    """The front rows of a sweep DataFrame (status ok), by chips then step time."""
+    """The front rows of a sweep DataFrame (status ok), by chips then step time; a table with its ``pareto``
+    column (sweep_table's: one front per combination of script arguments) is read, not recomputed."""
     ok = table[table["status"] == "ok"]
+    if "pareto" in ok:
+        return ok[ok["pareto"].astype(bool)].sort_values(["chips", "step_time_s"])
     flags = pareto_flags([int(c) for c in ok["chips"]], [float(s) for s in ok["step_time_s"]])
     return ok[flags].sort_values(["chips", "step_time_s"])

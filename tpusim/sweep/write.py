@@ -15,20 +15,36 @@ from tpusim.sweep.pareto import pareto_flags
 from tpusim.sweep.point import COLUMNS
 
 
-def sweep_table(rows: list[dict[str, Any]]) -> Any:
-    """Rows -> DataFrame in COLUMNS order, sorted by chip, topology, slices, mode, placement, with ``pareto``."""
+def sweep_table(rows: list[dict[str, Any]], script_columns: tuple[str, ...] = ()) -> Any:
+    """Rows -> DataFrame in COLUMNS order (the script's swept arguments after ``placement``, and the
+    ``recording`` each was priced against), sorted by chip, topology, slices, mode, placement, script
+    arguments, with ``pareto``: on the front of step time vs chips among rows of the same script arguments
+    (a bigger batch is another workload, not a slower configuration)."""
     import pandas as pd
 
-    table = pd.DataFrame([{c: row.get(c) for c in COLUMNS} for row in rows], columns=list(COLUMNS))
+    at = COLUMNS.index("placement") + 1
+    columns = [*COLUMNS[:at], *script_columns, *COLUMNS[at:], *(("recording",) if script_columns else ())]
+    table = pd.DataFrame([{c: row.get(c) for c in columns} for row in rows], columns=columns)
     for column in ("chips", "hbm_peak_bytes", "kernels"):   # whole numbers; missing on rows not priced
         table[column] = table[column].astype("Int64")
-    table = table.sort_values(["chip", "topology", "slices", "mode", "placement"], kind="stable")
+    table = table.sort_values(["chip", "topology", "slices", "mode", "placement", *script_columns], kind="stable")
     table = table.reset_index(drop=True)
-    ok = table["status"] == "ok"
-    chips = [int(c) if k else None for c, k in zip(table["chips"], ok)]
-    steps = [float(s) if k else None for s, k in zip(table["step_time_s"], ok)]
-    table["pareto"] = pareto_flags(chips, steps)
+    table["pareto"] = False
+    group = table.groupby(list(script_columns), sort=False, dropna=False).ngroup() if script_columns else None
+    for index in ([table.index[group == g] for g in group.unique()] if group is not None else [table.index]):
+        part = table.loc[index]
+        ok = part["status"] == "ok"
+        chips = [int(c) if k else None for c, k in zip(part["chips"], ok)]
+        steps = [float(s) if k else None for s, k in zip(part["step_time_s"], ok)]
+        table.loc[index, "pareto"] = pareto_flags(chips, steps)
+    table["pareto"] = table["pareto"].astype(bool)
     return table
+
+
+def script_columns_of(table: Any) -> list[str]:
+    """The swept script arguments' columns (those between ``placement`` and ``chips``)."""
+    names = list(table.columns)
+    return names[names.index("placement") + 1:names.index("chips")]
 
 
 def best_placements(table: Any) -> Any:
@@ -36,8 +52,10 @@ def best_placements(table: Any) -> Any:
     ok = table[table["status"] == "ok"]
     if ok.empty:
         return ok
-    index = ok.groupby(["chip", "topology", "slices"])["step_time_s"].idxmin()
-    return ok.loc[index, ["chip", "topology", "slices", "chips", "mode", "placement", "step_time_s", "mfu"]]
+    script = script_columns_of(table)
+    index = ok.groupby(["chip", "topology", "slices", *script])["step_time_s"].idxmin()
+    return ok.loc[index, ["chip", "topology", "slices", *script, "chips", "mode", "placement", "step_time_s",
+                          "mfu"]]
 
 
 def _figure_png(table: Any, metric: str, label: str) -> str:
@@ -65,6 +83,42 @@ def _figure_png(table: Any, metric: str, label: str) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+def _by_argument_png(table: Any, argument: str, metric: str, label: str) -> str:
+    """``metric`` against one swept script argument (e.g. step time per batch size), one line per chip x
+    topology x slices, each value the best over modes, placements and the other arguments."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7, 4.2))
+    axes = figure.subplots()
+    ok = table[(table["status"] == "ok") & table[metric].notna()]
+    best = max if metric == "tokens_per_s_per_chip" else min
+    for (chip, topology, slices), group in ok.groupby(["chip", "topology", "slices"]):
+        values = group.groupby(argument)[metric].agg(best).sort_index()
+        name = f"{chip} {topology}{f' x{slices}' if slices > 1 else ''}"
+        axes.plot([str(v) for v in values.index], values.to_numpy(dtype=float), marker="o", label=name)
+    axes.set_xlabel(argument)
+    axes.set_ylabel(label)
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _by_argument_sections(table: Any) -> list[str]:
+    parts = []
+    for argument in script_columns_of(table):
+        for metric, label in (("step_time_s", "step time (s)"), ("hbm_peak_bytes", "HBM peak (bytes)"),
+                              ("tokens_per_s_per_chip", "tokens/s per chip")):
+            if table.loc[table["status"] == "ok", metric].notna().any():
+                title = label.split(" (")[0]
+                parts += [f"<h2>{html.escape(title[0].upper() + title[1:])} against {html.escape(argument)}</h2>",
+                          f"<img alt='{html.escape(label)} vs {html.escape(argument)}' src='data:image/png;base64,"
+                          f"{_by_argument_png(table, argument, metric, label)}'>"]
+    return parts
+
+
 def _html_table(frame: Any) -> str:
     return frame.to_html(index=False, na_rep="-", float_format=lambda v: f"{v:.4g}", border=0)
 
@@ -84,13 +138,16 @@ def sweep_html(table: Any, title: str) -> str:
                   f"{_figure_png(table, 'step_time_s', 'step time (s)')}'>",
                   "<h2>MFU against chips</h2>",
                   f"<img alt='MFU vs chips' src='data:image/png;base64,{_figure_png(table, 'mfu', 'MFU')}'>",
+                  *_by_argument_sections(table),
                   "<h2>Pareto front (step time vs chips)</h2>", _html_table(
-                      table[table["pareto"]].sort_values("chips")[["chip", "topology", "slices", "chips", "mode",
-                                                                   "placement", "step_time_s", "mfu"]]),
+                      table[table["pareto"]].sort_values([*script_columns_of(table), "chips"])[
+                          ["chip", "topology", "slices", *script_columns_of(table), "chips", "mode", "placement",
+                           "step_time_s", "mfu"]]),
                   "<h2>Best mode and placement per topology</h2>", _html_table(best_placements(table))]
     if not failed.empty:
         parts += ["<h2>Points not priced</h2>",
-                  _html_table(failed[["chip", "topology", "slices", "mode", "placement", "status", "error"]])]
+                  _html_table(failed[["chip", "topology", "slices", "mode", "placement", *script_columns_of(table),
+                                      "status", "error"]])]
     parts += ["<h2>All points</h2>", _html_table(table)]
     return "\n".join(parts)
 

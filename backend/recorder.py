@@ -21,6 +21,10 @@ torch.compile'd graph's execution is recorded as its ops (``record_program``,
 backend/program.py), numbered by ``OpRecord.program`` so the simulator prices them as one XLA
 program.
 
+The record budget (``TPUSIM_MAX_RECORDS``, ``tpusim run --max-records``): a long-running script's trace
+grows about 1 KiB a record, so once a step ends with the budget reached the recorder stops storing
+(``_stop_storing``), counts the steps after, and the report prices the steps recorded with a note.
+
 Tensor ids: a tensor is identified by (storage id, offset, shape, strides): two Python objects
 viewing the same bytes the same way are the same tensor for dataflow purposes.
 
@@ -36,6 +40,8 @@ per (op, element counts).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -48,7 +54,7 @@ from tpusim.backend.program import Program
 from tpusim.backend.source import user_source
 from tpusim.backend.state import STATE
 
-from tpusim import eager
+from tpusim import eager, envvars
 from tpusim.ops import Family, family_of
 from tpusim.trace import (
     CollectiveRecord,
@@ -62,6 +68,7 @@ from tpusim.trace import (
     TraceMeta,
     renumber,
 )
+from tpusim.windows import BACKWARD_REASON
 
 
 @dataclass
@@ -76,9 +83,12 @@ class Recording:
     lock: threading.Lock = field(default_factory=threading.Lock)
     programs: int = 0               # compiled-program executions recorded (OpRecord.program numbers)
     synthetic_storages: int = 0     # storages of values that never leave a compiled program
+    max_records: int = 0            # the record budget (TPUSIM_MAX_RECORDS; 0: none): see _over_budget
+    stopped_after_step: int | None = None   # the budget stopped storing after this step (steps counts on)
 
 
 _ACTIVE: Recording | None = None
+_FULL: Recording | None = None      # a recording whose budget was reached: it counts steps and stores nothing
 _HOOK_HANDLE = None
 _META_SOURCES: list[Callable[[], dict]] = []
 _STEP_LISTENERS: list[Callable[[], None]] = []
@@ -302,23 +312,58 @@ def step() -> None:
 def _mark_step() -> None:
     rec = _ACTIVE
     if rec is None:
+        if _FULL is not None:       # over budget: the steps after the stop are counted, not recorded
+            _FULL.steps += 1
         return
     source = user_source()
     with rec.lock:
         _drain(rec)
         rec.steps += 1
         rec.records.append(StepMarker(len(rec.records), rec.steps, source))
+        full = _over_budget(rec)
+    if full:
+        _stop_storing(rec)
+
+
+def _over_budget(rec: Recording) -> bool:
+    """Why a budget: the trace is the program, about 1 KiB a record in memory (benchmarks/
+    bench_record_memory.py), so a long run's recording would grow without bound; checked at step boundaries
+    so the trace ends with whole steps, which price like the ones after them."""
+    return 0 < rec.max_records <= len(rec.records)
+
+
+def _stop_storing(rec: Recording) -> None:
+    """Stop recording for good (the device's log too) but keep counting steps; the script runs on with
+    the same numerics, since recording never changes a value."""
+    global _ACTIVE, _FULL
+    STATE.recording = False
+    STATE.shim.record_stop()
+    rec.stopped_after_step = rec.steps
+    _ACTIVE, _FULL = None, rec
+    print(f"tpusim: {budget_note(rec.stopped_after_step, None, rec.max_records)}; the script runs on",
+          file=sys.stderr, flush=True)
+
+
+def budget_note(step: int, steps: int | None, max_records: int) -> str:
+    """The words users see in the summary, report.json and on stderr when the budget stopped recording."""
+    of = f" of {steps}" if steps is not None else ""
+    return (f"recording stopped after step {step}{of} (record budget {max_records:,} records; raise it with "
+            f"TPUSIM_MAX_RECORDS or tpusim run --max-records, 0 for no limit)")
 
 
 def _optimizer_hook(optimizer: object, args: object, kwargs: object) -> None:
     _mark_step()
 
 
-def start(meta: dict[str, object] | None = None) -> Recording:
+def start(meta: dict[str, object] | None = None, max_records: int | None = None) -> Recording:
+    """Start recording; ``max_records`` is the record budget (None: TPUSIM_MAX_RECORDS or its default;
+    0: no limit): once a step ends with that many records, recording stops and only steps are counted."""
     global _ACTIVE, _HOOK_HANDLE
-    if _ACTIVE is not None:
+    if _ACTIVE is not None or _FULL is not None:
         raise RuntimeError("tpusim: a recording is already active; nest no recordings")
-    rec = Recording(meta=TraceMeta(eager_mode=eager.get_eager_mode()).replace(**(meta or {})))  # the mode it started in
+    budget = int(envvars.read("TPUSIM_MAX_RECORDS")) if max_records is None else max_records
+    rec = Recording(meta=TraceMeta(eager_mode=eager.get_eager_mode()).replace(**(meta or {})),  # the mode it started in
+                    max_records=budget)
     STATE.shim.record_classes(MemoryRecord, TensorMeta, OpRecord, HostRecord, costs.counted_cost, _COPY_FAMILY)
     STATE.shim.record_start()
     _HOOK_HANDLE = register_optimizer_step_post_hook(_optimizer_hook)
@@ -328,18 +373,19 @@ def start(meta: dict[str, object] | None = None) -> Recording:
 
 
 def stop() -> Trace:
-    global _ACTIVE, _HOOK_HANDLE
-    rec = _ACTIVE
+    global _ACTIVE, _FULL, _HOOK_HANDLE
+    rec = _ACTIVE or _FULL
     if rec is None:
         raise RuntimeError("tpusim: no recording is active")
     STATE.recording = False
-    with rec.lock:
-        _drain(rec)
+    if _ACTIVE is not None:
+        with rec.lock:
+            _drain(rec)
     STATE.shim.record_stop()
     if _HOOK_HANDLE is not None:
         _HOOK_HANDLE.remove()
         _HOOK_HANDLE = None
-    _ACTIVE = None
+    _ACTIVE = _FULL = None
     cfg = STATE.config
     meta = TraceMeta(device="tpu", chip=cfg.chip.name, devices=cfg.device_count, hbm_bytes=cfg.hbm_bytes,
                      numerics=cfg.numerics, f64_ops=tuple(policy.non_native_ops()))
@@ -353,9 +399,10 @@ def stop() -> Trace:
 
 
 @contextmanager
-def recording(meta: dict[str, object] | None = None) -> Iterator[Recording]:
-    """Record the tpu ops of the block; ``.trace`` of the yielded handle holds the result."""
-    rec = start(meta)
+def recording(meta: dict[str, object] | None = None, max_records: int | None = None) -> Iterator[Recording]:
+    """Record the tpu ops of the block; ``.trace`` of the yielded handle holds the result (``max_records``:
+    ``start``'s record budget)."""
+    rec = start(meta, max_records)
     try:
         yield rec
     finally:
@@ -364,3 +411,51 @@ def recording(meta: dict[str, object] | None = None) -> Iterator[Recording]:
 
 def install() -> None:
     """Nothing to install until a recording starts (kept for symmetry with the other modules)."""
+
+
+# ---- autograd post-backward: TorchTPU materializes pending work when backward() returns -------------
+_BACKWARD_LISTENERS: list[Callable[[], None]] = []
+
+
+def add_backward_listener(listener: Callable[[], None]) -> None:
+    """Call ``listener()`` each time ``torch.autograd.backward`` (so ``Tensor.backward``) returns."""
+    _wrap_backward()
+    if listener not in _BACKWARD_LISTENERS:
+        _BACKWARD_LISTENERS.append(listener)
+
+
+def remove_backward_listener(listener: Callable[[], None]) -> None:
+    if listener in _BACKWARD_LISTENERS:
+        _BACKWARD_LISTENERS.remove(listener)
+
+
+def _mark_backward() -> None:
+    """A zero-second dispatch record (reason ``tpusim.windows.BACKWARD_REASON``): Fused eager's cut."""
+    rec = _ACTIVE
+    if rec is None:
+        return
+    source = user_source()
+    with rec.lock:
+        _drain(rec)
+        rec.records.append(HostRecord(len(rec.records), "dispatch", BACKWARD_REASON, 0, 0.0, source))
+
+
+def _wrap_backward() -> None:
+    """Wrap ``torch.autograd.backward`` once (Tensor.backward looks it up at each call), so a listener
+    added or removed later needs no re-wrapping and wrappers never stack."""
+    original = torch.autograd.backward
+    if getattr(original, "_tpusim_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def backward(*args: object, **kwargs: object) -> None:
+        original(*args, **kwargs)
+        _mark_backward()
+        for listener in list(_BACKWARD_LISTENERS):
+            listener()
+
+    backward._tpusim_wrapped = True  # type: ignore[attr-defined]
+    torch.autograd.backward = backward
+
+
+_wrap_backward()

@@ -1,55 +1,59 @@
-"""Memory while recording a long-running script (issue 17, row 9): RSS against records, side by side.
+"""Memory while recording a long-running script (issue 17, row 9): RSS against records, with and without
+a record budget, side by side.
 
-    python benchmarks/bench_record_memory.py [--seconds 60]
+    python benchmarks/bench_record_memory.py [--seconds 60] [--budget 50000]
 
 Each configuration runs in a fresh process the same loop of small ops on "tpu" (a 64x64 matmul, relu,
-sum; a host sync every 100 iterations) while recording, for ``--seconds``. Printed per configuration:
-records, RSS at the start, at the end of the loop (the device's native log holds the records), after
-``stop()`` (the trace built as Python records), and after the trace is dropped; bytes of RSS per record;
-and what stays after the drop (memory the allocator keeps: fragmentation). Configurations: glibc's
-default malloc, and a fixed mmap threshold (GLIBC_TUNABLES=glibc.malloc.mmap_threshold=131072, which
-stops glibc raising the threshold after large frees, the usual cause of a heap that never shrinks).
-Memory per record is linear in the records by design (the trace is the program); what must not grow is
-the per-record figure over time and what stays after the drop.
+sum; every 100 iterations a host sync and ``tpusim.backend.step()``, a step boundary) while recording, for
+``--seconds``. Printed per configuration: records, steps (and where the budget stopped the recording),
+RSS at the start, at the end of the loop, after ``stop()`` (the trace built), the peak while pricing the
+trace in strict mode, and after the trace is dropped; bytes of RSS per record; and RSS over the loop. The
+configurations: no budget (``max_records=0``), where RSS grows with the records for as long as the script
+runs, and ``--budget`` records, where it must stay flat once the budget stops the recording.
 
-Measured (2026-11-24, 2 cores shared with other jobs, so records/s varies 2-3x between runs), two runs
-of 60 s per configuration: glibc default 112,606 / 113,507 records, 227 / 638 B/record in the native
-log, 852 / 1,275 B/record as a trace, 21 / 68 MiB kept after the drop; fixed mmap threshold 103,533 /
-292,915 records, 478 / 219 and 1,092 / 833 B/record, 42 / 35 MiB kept. Neither configuration is
-consistently better, so tpusim sets no tunable: RSS grows with the records (about 0.2 KiB each while
-recording, about 1 KiB once the trace is built), and a 10-minute loop at 50,000 records/s would need
-about 30 GB as a trace: that is the recording's size, not a leak.
+Measured (2026-11-24, 2 cores shared with other jobs, so records/s varies 2-5x between runs). Before the
+budget (the previous version of this script, records built in the shim, 30 s): 35,481 records, 288
+B/record in the native log, 840 B/record as a trace. With it, two runs of 60 s: no budget 479,035 /
+102,152 records, RSS +363 / +81 MiB at the loop's end (795 / 834 B/record), pricing peak 1,207 / 1,246
+B/record, still growing at the end (+305 MiB at 50 s in the first run); budget 50,000: 50,522 records both
+times, stopped after step 57 (of 231 / 115), RSS flat from then on at +40 / +38 MiB, pricing peak +60 /
++58 MiB. So a recording costs about 0.8 KiB a record and pricing strict about 0.4 KiB more; pricing all
+three modes of a 60,444-record trace of this loop, timelines kept as `tpusim run --mode all` keeps them,
+peaked at 2,795 B/record (strict 1,220, + fused 1,653, + debug 2,795). The default budget (tpusim/envvars.py
+MAX_RECORDS_DEFAULT, 600,000 records) therefore holds a long run near 0.7 GB (one mode) to 1.7 GB (every
+mode) above the interpreter's 0.24 GB, however long the script runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 
 CHILD = r"""
-import gc, json, os, sys, time
+import gc, json, os, resource, sys, time
 import torch, tpusim.backend as tb
+from tpusim.pricing import price
 
 def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
-seconds = float(sys.argv[1])
+seconds, budget = float(sys.argv[1]), int(sys.argv[2])
 x = torch.randn(64, 64, device="tpu")
 w = torch.randn(64, 64, device="tpu")
 start = rss()
 began = time.time()
 samples = []
-rec = tb.start()
+rec = tb.start(max_records=budget)
 i = 0
 next_sample = began
 while time.time() - began < seconds:
     y = (x @ w).relu().sum()
     if i % 100 == 0:
         y.item()
+        tb.step()                      # a step boundary: where a record budget can stop the recording
         if time.time() >= next_sample:
             samples.append([round(time.time() - began), rss()])
             next_sample += seconds / 6
@@ -58,31 +62,38 @@ loop_end = rss()
 trace = tb.stop()
 records = len(trace.records)
 stopped = rss()
+before_price = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+price(trace, mode="strict")
+priced_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+steps, stopped_after_step = rec.steps, rec.stopped_after_step
 del trace, rec
 gc.collect()
 print("RESULT " + json.dumps({"records": records, "start": start, "loop_end": loop_end, "stopped": stopped,
-                              "dropped": rss(), "samples": samples}))
+                              "priced_peak": max(priced_peak, before_price), "dropped": rss(), "samples": samples,
+                              "steps": steps, "stopped_after_step": stopped_after_step}))
 """
-
-CONFIGS = {"glibc default": {}, "fixed mmap threshold": {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=131072"}}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--budget", type=int, default=50_000,
+                        help="the record budget of the second configuration (the first has none)")
     args = parser.parse_args()
     mib = 2 ** 20
-    for name, env in CONFIGS.items():
-        out = subprocess.run([sys.executable, "-c", CHILD, str(args.seconds)], capture_output=True, text=True,
-                             env={**os.environ, **env}, check=True).stdout
+    for name, budget in (("no budget", 0), (f"budget {args.budget:,} records", args.budget)):
+        out = subprocess.run([sys.executable, "-c", CHILD, str(args.seconds), str(budget)], capture_output=True,
+                             text=True, check=True).stdout
         r = json.loads(out.split("RESULT ", 1)[1])
         n = max(r["records"], 1)
         growth = [(t, round((m - r["start"]) / mib)) for t, m in r["samples"]]
-        print(f"{name}: {r['records']:,} records in {args.seconds:.0f} s; RSS start {r['start'] / mib:.0f} MiB, "
-              f"loop end {r['loop_end'] / mib:.0f} MiB ({(r['loop_end'] - r['start']) / n:.0f} B/record in the "
-              f"native log), after stop {r['stopped'] / mib:.0f} MiB ({(r['stopped'] - r['start']) / n:.0f} "
-              f"B/record as a trace), after the drop {r['dropped'] / mib:.0f} MiB "
-              f"({(r['dropped'] - r['start']) / mib:.0f} MiB kept)")
+        stop = (f"; stopped after step {r['stopped_after_step']:,} of {r['steps']:,}"
+                if r["stopped_after_step"] is not None else f"; {r['steps']:,} steps")
+        print(f"{name}: {r['records']:,} records in {args.seconds:.0f} s{stop}; RSS start {r['start'] / mib:.0f} MiB, "
+              f"loop end {r['loop_end'] / mib:.0f} MiB ({(r['loop_end'] - r['start']) / n:.0f} B/record), "
+              f"after stop {r['stopped'] / mib:.0f} MiB ({(r['stopped'] - r['start']) / n:.0f} B/record as a "
+              f"trace), peak while pricing strict {r['priced_peak'] / mib:.0f} MiB "
+              f"({(r['priced_peak'] - r['start']) / n:.0f} B/record), after the drop {r['dropped'] / mib:.0f} MiB")
         print(f"  RSS growth over the loop (s, MiB): {growth}")
 
 

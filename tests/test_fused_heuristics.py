@@ -47,22 +47,38 @@ def clusters(records):
     return list(found.values())
 
 
-def test_a_second_consumer_of_a_pending_value_materializes_it_fanout():
-    # y = x+1; a = y*2; b = y*3: b is y's second consumer; y is written once, b reads it from HBM.
+def test_a_second_consumer_of_a_pending_value_makes_it_a_cluster_output_not_a_cut_fanout():
+    # y = x+1; a = y*2; b = y*3: y has two consumers. TorchTPU makes the live y an output of the one
+    # executable (events_queue.cc GetOpUsage: kOutput), so the cluster goes on: one cluster.
     records = [op("add", [1], 2), op("mul", [2], 3), op("mul", [2], 4)]
-    assert clusters(records) == [("fanout", ["add", "mul"]), ("end", ["mul"])]
-    first = [r for r in fuse(renumber(records), chip()).records if isinstance(r, OpRecord)][0]
-    assert {t.storage for t in first.outputs} == {2, 3} and first.bytes_written == 2 * MB
-    # one consumer each: no cut, one cluster
-    assert clusters([op("add", [1], 2), op("mul", [2], 3), op("mul", [3], 4)]) == [("end", ["add", "mul", "mul"])]
+    fused = fuse(renumber(records), chip())
+    assert clusters(records) == [("end", ["add", "mul", "mul"])]
+    assert fused.stats.materialized == {"fanout": 1} and fused.stats.windows == 1
+    # one kernel (add with both muls as epilogues): x read once, y, a, b written once each (all held at
+    # the end); 4 ops of traffic would be 6 MB read + 3 MB written one op at a time
+    (kernel,) = [r for r in fused.records if isinstance(r, OpRecord)]
+    assert (kernel.bytes_read, kernel.bytes_written) == (MB, 3 * MB)
+    # one consumer each: nothing materialized
+    assert fuse(renumber([op("add", [1], 2), op("mul", [2], 3), op("mul", [3], 4)]), chip()).stats.materialized == {}
 
 
-def test_a_loop_carried_chain_is_materialized_each_iteration_reexecution():
-    # for _ in range(3): h = h * 0.5   (one line): each iteration's mul reads the last one's result
+def test_a_value_an_earlier_cluster_computed_is_read_not_recomputed_reexecution():
+    # h = h * 0.5 three times on one line: no cut (TorchTPU defers the chain); after a sync, reading
+    # h (the last cluster's output) counts one reexecution materialization, in the same new cluster
     records = [op("mul", [i], i + 1, src="loop.py:3") for i in (1, 2, 3)]
-    assert clusters(records) == [("reexecution", ["mul"]), ("reexecution", ["mul"]), ("end", ["mul"])]
-    # the same chain unrolled on three lines is no loop: one cluster
-    assert len(clusters([op("mul", [1], 2), op("mul", [2], 3), op("mul", [3], 4)])) == 1
+    assert clusters(records) == [("end", ["mul", "mul", "mul"])]
+    sync = factories.HostRecord(0, "sync", reason="item")
+    fused = fuse(renumber([*records, sync, op("add", [4], 5), op("mul", [4], 6)]), chip())
+    assert fused.stats.cuts == {"sync": 1, "end": 1} and fused.stats.materialized == {"reexecution": 1}
+
+
+def test_backward_returning_ends_the_cluster_backward():
+    # TorchTPU's autograd post-backward materialization: the recorder's zero-second dispatch record
+    mark = factories.HostRecord(0, "dispatch", reason=windows.BACKWARD_REASON)
+    records = [op("add", [1], 2), op("mul", [2], 3), mark, op("sub", [3], 4)]
+    assert clusters(records) == [("backward", ["add", "mul"]), ("end", ["sub"])]
+    fused = fuse(renumber(records), chip())
+    assert sum(isinstance(r, factories.HostRecord) for r in fused.records) == 1   # kept: the engine prices 0 s
 
 
 def test_overwriting_a_pending_buffer_other_ops_read_cuts_stale():
@@ -107,9 +123,21 @@ def test_a_repeated_layer_ends_a_cluster_so_every_layer_is_the_same_compiled_clu
     got = clusters(model(5))
     assert [cut for cut, _ in got] == ["repeated", "repeated", "repeated", "repeated"]
     assert [len(names) for _, names in got] == [24, 12, 12, 12]
-    for layers in (5, 8):
-        fusion = plan(Trace(renumber(model(layers))), get_mode("fused"), chip()).meta["fusion"]
-        assert fusion.windows == layers - 1 and fusion.clusters_compiled == 2     # layers 1+2, then one layer
+
+
+def test_the_repeat_detector_starts_afresh_at_a_step_so_a_step_is_not_cut_mid_way(monkeypatch):
+    # a 12-op step ended by optimizer.step() four times, the first step's first op different (a warm-up
+    # op): the repeat the detector sees spans step markers and is out of phase with them
+    def steps():
+        found = [rec for k in range(4) for rec in [*layer(1 + 12 * k, 0), factories.StepMarker(0, k + 1)]]
+        found[0] = dataclasses.replace(found[0], op="aten::neg")
+        return found
+    got = clusters(steps())
+    assert [cut for cut, _ in got] == ["step"] * 4 and {len(n) for _, n in got} == {12}
+    # TorchTPU's history kept across steps: step 3 and every later step cut after its first op
+    monkeypatch.setattr(windows, "HARD_CUTS", frozenset())
+    assert [(cut, len(n)) for cut, n in clusters(steps())] == [
+        ("step", 12), ("step", 12), ("repeated", 1), ("step", 11), ("repeated", 1), ("step", 11)]
 
 
 def test_repeat_detection_follows_torchtpus_variable(monkeypatch):
@@ -154,6 +182,29 @@ def test_a_cluster_compiles_once_and_hits_when_it_runs_again():
     assert (cache.hits, cache.misses) == (1, 1) and p.meta["fusion"].clusters_compiled == 1
 
 
-@pytest.mark.parametrize("rule", ["fanout", "reexecution", "stale", "split", "dynamic", "repeated"])
+@pytest.mark.parametrize("rule", ["stale", "split", "dynamic", "repeated", "backward"])
 def test_every_heuristic_is_one_row_of_the_cuts_table(rule):
     assert rule in windows.CUTS
+
+
+@pytest.mark.parametrize("rule", ["fanout", "reexecution"])
+def test_fanout_and_reexecution_materialize_values_without_cutting(rule):
+    assert rule in windows.MATERIALIZED and rule not in windows.CUTS
+
+
+def test_quantize_work_is_an_int8_matmuls_prologue_in_a_compiled_program_only():
+    # x (1 MB) -> abs -> amax (reduction) -> div -> round -> clamp -> cast -> _int_mm(xq, w): in a compiled
+    # program XLA fuses the quantize into the matmul (one kernel: x and w read, the output written);
+    # an eager cluster keeps the matmul without prologue (fusion.RULES), so the quantize is a kernel apart
+    def quantized(program):
+        chain = [op("abs", [1], 2), op("amax", [2], 3, family="reduction"), op("div", [1, 3], 4),
+                 op("round", [4], 5), op("clamp", [5], 6),
+                 op("_to_copy", [6], 7, family="elementwise"),      # a cast: recorded elementwise (costs.py)
+                 op("_int_mm", [7, 8], 9, family="quantized_contraction")]
+        ops = [dataclasses.replace(r, program=program, unit="mxu" if "mm" in r.op else "vpu",
+                                   family=r.family or "elementwise") for r in chain]
+        return ops + [MemoryRecord(0, "free", s, MB) for s in range(2, 8)]     # the graph's intermediates die
+    in_program = [r for r in fuse(renumber(quantized(1)), chip()).records if isinstance(r, OpRecord)]
+    assert len(in_program) == 1 and in_program[0].bytes_read == 2 * MB and in_program[0].bytes_written == MB
+    eager = [r for r in fuse(renumber(quantized(0)), chip()).records if isinstance(r, OpRecord)]
+    assert [len(k.parts) for k in eager] == [6, 1]

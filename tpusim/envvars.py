@@ -24,6 +24,10 @@ from tpusim.modes import MODES, get_mode
 from tpusim.spec import load_chip
 
 ON, OFF = ("on", "1", "true", "yes"), ("off", "0", "false", "no")
+# The record budget's default: a record costs about 0.8 KiB as a trace and each mode priced about 0.4-1 KiB
+# more (benchmarks/bench_record_memory.py), so 600,000 records keep a long run under 2 GB of RSS even with
+# --mode all (about 1 GB with the default mode alone).
+MAX_RECORDS_DEFAULT = 600_000
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TPUSIM_DEBUG_CHECK", "on, off (also 1/0, true/false, yes/no)", _flag, True),
     Variable("TPUSIM_DEBUG_LOG", "on, off (also 1/0, true/false, yes/no)", _flag, False),
     Variable("TPUSIM_DUMP_STABLEHLO", "a folder to write each compiled graph's StableHLO into", _text),
+    Variable("TPUSIM_MAX_RECORDS", "a whole number of records >= 0, e.g. 2e6 (0: no limit)", whole(0),
+             MAX_RECORDS_DEFAULT),
     # distributed (backend/distributed/)
     Variable("TPUSIM_RANKS", "one, all", _choice("one", "all")),
     Variable("TPUSIM_HANG_TIMEOUT_S", "seconds > 0, e.g. 300", _seconds, 300.0),

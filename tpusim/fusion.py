@@ -10,8 +10,9 @@ turns it into the Fused eager policy.
 executable) end where ``tpusim.windows.WindowCutter`` says: at host syncs and copies,
 collectives, non-fusible ops (role ``opaque``: SparseCore and DMA work, ops without counted
 work, the opaque family of ``tpusim.ops``; they run alone), step markers, a change of eager
-mode, and by TorchTPU's heuristics (fanout, reexecution, stale, forced split, dynamic shapes,
-repeated layers; the cutter's docstring says what each does). ``op_node`` is what the cutter
+mode, the end of backward(), and by TorchTPU's heuristics (stale, forced split, dynamic shapes,
+repeated layers; the cutter's docstring says what each does; a value with two consumers is an
+output of its cluster, not a cut). ``op_node`` is what the cutter
 sees of an op (the PJRT fused target feeds it the same for the ops it runs, so both make the
 same clusters). Each kernel of a cluster carries its number and the rule that ended it
 (``FusedKernel.cluster``, ``.cut``): the compile cache keys the cluster as one region.
@@ -55,8 +56,9 @@ value stayed on chip are dropped (they never touch HBM).
 **Compiled programs** (ops recorded with ``program`` > 0: one execution of a torch.compile'd
 graph, lowered to one XLA program) are fused in every mode, each execution as one window of
 its own with no size limit: XLA sees the whole graph. Opaque ops in it run as kernels alone
-(they do not cut it). Values that never leave the graph were recorded with an alloc before
-their producer and a free after their last reader, so the on-chip rule above keeps an
+(they do not cut it); an int8/fp8 matmul takes its quantize work (abs, amax, divide, round, clamp,
+cast) as its prologue (``PROGRAM_PROLOGUES``), as XLA fuses it. Values that never leave the graph
+were recorded with an alloc before their producer and a free after their last reader, so the on-chip rule above keeps an
 intermediate out of HBM exactly when its producer and readers share a kernel; values crossing
 kernels go through HBM, as between XLA fusions. The program is launched once: one
 ``dispatch`` host record (reason ``PROGRAM_REASON``) of one op's dispatch time, and its
@@ -88,7 +90,7 @@ from tpusim.trace import (
     StepMarker,
     TensorMeta,
 )
-from tpusim.windows import Node, WindowCutter, node_key
+from tpusim.windows import BACKWARD_REASON, Node, WindowCutter, node_key
 
 WINDOW_REASON = "fused_window"   # HostRecord reason of the host time spent recording a window
 PROGRAM_REASON = "program_launch"  # HostRecord reason of a compiled program's one launch
@@ -102,6 +104,7 @@ class Rule:
     fusible: bool = True            # False: runs alone and cuts the window
     anchor: bool = False            # at most one anchor (reduction, contraction) per kernel
     takes_producers: bool = True    # may read values produced inside its own kernel (a prologue)
+    anchors: int = 1                # anchors its kernel may hold (its own and its prologue's)
 
 
 RULES: dict[str, Rule] = {
@@ -109,6 +112,14 @@ RULES: dict[str, Rule] = {
     "reduction": Rule(anchor=True),
     "contraction": Rule(anchor=True, takes_producers=False),
     "opaque": Rule(fusible=False, takes_producers=False),
+}
+
+# Inside a compiled program (XLA sees the whole graph), ops of these families take their producers
+# as a prologue, one reduction included: an int8/fp8 matmul's quantize (abs, amax, divide, round,
+# clamp, cast) fuses into the matmul, as XLA fuses it. Eager clusters keep RULES. Adding one = one
+# row here (keyed by tpusim.ops family).
+PROGRAM_PROLOGUES: dict[str, Rule] = {
+    "quantized_contraction": Rule(anchor=True, takes_producers=True, anchors=2),
 }
 
 
@@ -154,7 +165,8 @@ class FusionStats:
     ops: int = 0                    # ops that went into clusters (windows)
     kernels: int = 0                # kernels those clusters became
     windows: int = 0                # eager clusters, each one compiled executable
-    cuts: dict[str, int] = field(default_factory=dict)   # why clusters ended: sync, fanout, repeated, ...
+    cuts: dict[str, int] = field(default_factory=dict)   # why clusters ended: sync, backward, repeated, ...
+    materialized: dict[str, int] = field(default_factory=dict)   # values made cluster outputs: fanout, ...
     clusters_compiled: int = 0      # distinct clusters (compile-cache misses among them; set by planning)
     onchip_bytes: float = 0.0
     reused_bytes: float = 0.0
@@ -224,13 +236,15 @@ class _Group:
     sealed: set[int]                # positions that must stay outside (producers of its contractions)
     needs: set[int]                 # positions that must run before it
     closed: bool = False            # an opaque op (only in a compiled program's window): runs alone
+    limit: int = 1                  # anchors it may hold (Rule.anchors)
 
 
 class _Grouper:
     """Greedy program-order grouping of one window's ops (positions) into kernels."""
 
-    def __init__(self, records: Sequence[Record], flow: _Dataflow) -> None:
+    def __init__(self, records: Sequence[Record], flow: _Dataflow, program: bool = False) -> None:
         self.records, self.flow = records, flow
+        self.program = program                      # a compiled program's window: PROGRAM_PROLOGUES apply
         self.groups: dict[int, _Group] = {}
         self.group_of: dict[int, int] = {}
         self.touched: dict[int, list[int]] = {}     # storage -> window positions that read or wrote it
@@ -239,10 +253,12 @@ class _Grouper:
         rec = self.records[pos]
         role = role_of(rec)
         rule = RULES[role]
+        if self.program and role != "opaque":
+            rule = PROGRAM_PROLOGUES.get(rec.family, rule)
         producers = {p for p in self.flow.producers(pos, rec) if p in self.group_of}
         hazards = {p for t in rec.outputs for p in self.touched.get(t.storage, ())}
         group = _Group([pos], int(rule.anchor), set() if rule.takes_producers else producers,
-                       producers | hazards, closed=not rule.fusible)
+                       producers | hazards, closed=not rule.fusible, limit=rule.anchors)
         sources = sorted({self.group_of[p] for p in producers}, reverse=True)
         if rule.takes_producers and sources:
             options = [sources] + ([[g] for g in sources] if len(sources) > 1 else [])
@@ -250,6 +266,8 @@ class _Grouper:
                 if self._can_merge(option, group):
                     group = self._merge(option, group)
                     break
+        if rule.anchors > 1:                        # the prologue is taken: later ops add no anchor to it
+            group.limit = max(1, group.anchors)
         gid = min(group.members)
         self.groups[gid] = group
         for p in group.members:
@@ -260,7 +278,8 @@ class _Grouper:
     def _can_merge(self, gids: list[int], new: _Group) -> bool:
         groups = [self.groups[g] for g in gids]
         members = {p for g in groups for p in g.members} | set(new.members)
-        if new.anchors + sum(g.anchors for g in groups) > 1 or any(g.closed for g in groups):
+        limit = max(g.limit for g in (*groups, new))
+        if new.anchors + sum(g.anchors for g in groups) > limit or any(g.closed for g in groups):
             return False
         if any(g.sealed & members for g in groups):
             return False
@@ -283,7 +302,8 @@ class _Grouper:
         members = sorted({p for g in (*groups, new) for p in g.members})
         needs = {p for g in (*groups, new) for p in g.needs} - set(members)
         sealed = {p for g in (*groups, new) for p in g.sealed}
-        return _Group(members, sum(g.anchors for g in (*groups, new)), sealed, needs)
+        return _Group(members, sum(g.anchors for g in (*groups, new)), sealed, needs,
+                      limit=max(g.limit for g in (*groups, new)))
 
     def kernels(self) -> list[list[int]]:
         """Groups in a dependency order, earliest first member first."""
@@ -401,6 +421,8 @@ def _kernel_name(parts: Sequence[OpRecord]) -> str:
 def _cut_reason(rec: Record) -> str:
     """The window cut (a ``tpusim.windows.CUTS`` key) of a record that is not a fusible eager op."""
     if isinstance(rec, HostRecord):
+        if rec.reason == BACKWARD_REASON:
+            return "backward"
         return "mode" if rec.reason.startswith(MODE_CHANGE_REASON) else rec.event
     if isinstance(rec, CollectiveRecord):
         return "collective"
@@ -440,7 +462,7 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
             out.extend(m for _, m in held)
             held.clear()
             return
-        grouper = _Grouper(records, flow)
+        grouper = _Grouper(records, flow, program=bool(program))
         for pos in window:
             grouper.add(pos)
         kernels, kept, emitted = [], set(), {}
@@ -489,14 +511,16 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
                 window.append(pos)
             else:
                 out.append(rec)
-        elif isinstance(rec, HostRecord) and rec.event == "dispatch" and not rec.reason.startswith(MODE_CHANGE_REASON):
+        elif (isinstance(rec, HostRecord) and rec.event == "dispatch" and rec.reason != BACKWARD_REASON
+              and not rec.reason.startswith(MODE_CHANGE_REASON)):
             out.append(rec)
         else:
             flush(pos, cutter.boundary(_cut_reason(rec)))
             out.append(rec)
     flush(len(records), cutter.boundary("end"))
     stats = FusionStats(ops=totals["ops"], kernels=totals["kernels"], windows=cutter.windows,
-                        cuts=dict(sorted(cutter.cuts.items())), onchip_bytes=float(totals["onchip"]),
+                        cuts=dict(sorted(cutter.cuts.items())),
+                        materialized=dict(sorted(cutter.materialized.items())), onchip_bytes=float(totals["onchip"]),
                         reused_bytes=float(totals["reused"]), spilled_bytes=float(totals["spilled"]),
                         programs=totals["programs"], program_ops=totals["program_ops"],
                         program_kernels=totals["program_kernels"])

@@ -11,19 +11,14 @@ public copy jonathan1920/torch_tpu; ../shared/research/torchtpu.md). Pending wor
 **materialized** (the cluster ends, every pending node runs: TorchTPU's safe materialization) at:
 
 - host reads: ``.item()``, ``.cpu()``, print, ``synchronize`` (``sync``, ``d2h``), host copies in
-  (``h2d``); distributed ops (``collective``); compiled-graph executions (``program``); the end of a
-  training step, a change of eager mode, the end of the program;
+  (``h2d``); distributed ops (``collective``); compiled-graph executions (``program``); autograd's
+  post-backward (``backward``: ``backward()`` returned, a mark backend/recorder.py records and the PJRT
+  target hears); the end of a training step, a change of eager mode, the end of the program;
 
 and by the **heuristics**, checked as each op arrives (``admit``), each one row of ``CUTS``:
 
 - ``stale``: the op overwrites a pending buffer that pending ops already read: the old value would
   be a buffer no live tensor refers to any more, so the cluster holding it runs first;
-- ``fanout``: the op is a second consumer of a pending value: the value is materialized (written
-  once) instead of being kept live, and on TorchTPU recomputed, by every later consumer;
-- ``reexecution``: the op (same op, input and output shapes, source line) is already in the pending history
-  of its own input: a loop-carried chain (``h = f(h)`` in a loop, a model's layers in a ``for``)
-  would grow the cluster every iteration, so the earlier iteration is materialized and each
-  iteration compiles to the same cluster;
 - ``dynamic``: an op whose output shape depends on data (``DYNAMIC_SHAPE_OPS``) cannot be traced
   into a static program: the cluster ends and it runs alone;
 - ``split``: a node marked as a split point (``FORCED_SPLIT_OPS``: TorchTPU's own Pallas kernels,
@@ -32,11 +27,26 @@ and by the **heuristics**, checked as each op arrives (``admit``), each one row 
   model): the cluster ends after the repeat, so every later layer compiles to the same cluster and
   hits the compile cache (``TORCH_TPU_INTERNAL_DETECT_REPEATED_OPS``: ``safe``, the default, or
   ``aggressive`` detect; anything else turns the rule off). TorchTPU's ``OpWindow``: a history of
-  ``2 x REPEAT_MAX`` op hashes (kept across materializations), the last repeat length tried first,
-  the next search ``length`` ops later; only deferred (fusible) ops are entries, and a ``_foreach_``
-  op's per-tensor records (consecutive records of one op from one line) are one entry, as the
-  one dispatch they are on TorchTPU. ``safe`` (split graph) and ``aggressive`` (full graph) make the
-  same cut here: tpusim's clusters are never split further (fusion groups each into kernels).
+  ``2 x REPEAT_MAX`` op hashes, the last repeat length tried first, the next search ``length`` ops
+  later; only deferred (fusible) ops are entries, and a ``_foreach_`` op's per-tensor records
+  (consecutive records of one op from one line) are one entry, as the one dispatch they are on
+  TorchTPU. The history is kept across the heuristics' own cuts (so layer after layer is found) and
+  starts afresh at a user-visible materialization (``HARD_CUTS``: a sync, a step, backward, a
+  collective...): a repeat spanning one is the step repeating, whose clusters those cuts already
+  align, and cutting it again would split every step at an arbitrary op (mid-optimizer). TorchTPU
+  keeps its history (it has no step cut; its loss.item() then falls at that arbitrary op).
+  ``safe`` (split graph) and ``aggressive`` (full graph) make the same cut here: tpusim's clusters
+  are never split further (fusion groups each into kernels).
+
+**Materialized, not cut** (``MATERIALIZED``, counted in ``materialized``): TorchTPU makes every
+pending value that is still referred to an *output* of the executable computing it (events_queue.cc
+``GetOpUsage``: a live, non-stale buffer is ``kOutput``), so its value is written to HBM once and a
+later consumer, in this cluster or a later one, reads it instead of recomputing it. The cluster goes
+on. ``fanout`` (a second consumer of a pending value) and ``reexecution`` (a value an earlier cluster
+computed, read again) are such values: the research note's "materialized" means this, not a cut.
+In tpusim a value that leaves its fused kernel is written to HBM by fusion's byte rule already
+(``tpusim.fusion``: read outside its kernel or alive at the cluster's end), and the trace's values
+from earlier clusters are in HBM; the cutter only counts them.
 
 Ops that are not fusible (fusion role ``opaque``) end the cluster and run alone (``opaque``), as
 before; ``size`` is tpusim's own guard (``MAX_CLUSTER_OPS``) bounding fusion's grouping pass.
@@ -58,7 +68,7 @@ from tpusim.ops import base_name
 
 # tpusim's guard, not TorchTPU's: a cluster with no cut for this many ops ends (the grouping pass
 # of tpusim.fusion is quadratic in a cluster). TorchTPU has no such bound; the heuristics above
-# end clusters long before it in the programs we price (a chain with no fanout, no repeat).
+# end clusters long before it in the programs we price (a long chain with no repeat, no sync).
 MAX_CLUSTER_OPS = 2048
 # Repeated subsequences: lengths detected. TorchTPU's constant is kMaxRepeatedSubsequenceLength =
 # 128 with a history of twice that; its minimum (kMinRepeatedSubsequenceLength = 2, strictly
@@ -69,6 +79,8 @@ REPEAT_MAX = 128
 REPEAT_ENV = "TORCH_TPU_INTERNAL_DETECT_REPEATED_OPS"
 REPEAT_MODES = ("safe", "aggressive")      # detect (TorchTPU: split graph / full graph); else off
 FANOUT_LIMIT = 2                           # consumers of a pending value that materialize it
+# HostRecord(event="dispatch", reason=BACKWARD_REASON, seconds=0): backward() returned (backend/recorder.py)
+BACKWARD_REASON = "autograd_backward"
 
 # Ops whose output shape depends on data. Adding one = one name here (tpusim.ops.base_name form).
 DYNAMIC_SHAPE_OPS = frozenset({
@@ -88,10 +100,8 @@ CUTS: dict[str, str] = {
     "program": "a torch.compile'd graph runs: it is a cluster of its own",
     "step": "a training step ended (optimizer.step())",
     "mode": "the eager mode changed: what was recorded runs as it was",
-    "fanout": f"an op is consumer number {FANOUT_LIMIT} of a pending value: the value is materialized, "
-              "not kept live (and recomputed) for every consumer",
-    "reexecution": "an op (same op, shapes and line) already in the pending history of its input (a "
-                   "loop-carried chain): the earlier iteration is materialized so the cluster stops growing",
+    "backward": "autograd's backward() returned (TorchTPU's post-backward materialization): the "
+                "gradients are materialized",
     "stale": "an op overwrites a pending buffer other pending ops read: the old value would be stale",
     "split": "an op marked as a split point (torch.tpu.ops' own kernels) is a cluster of its own",
     "dynamic": "an op with a data-dependent output shape: it cannot join a static program, it runs alone",
@@ -106,6 +116,19 @@ CUTS: dict[str, str] = {
             "a non-tensor result) reads or writes a pending value",
     "resize": "an op whose out= or self must change shape (other than an empty out=) reads or writes a "
               "pending value: it runs at once",
+}
+
+# Cuts that a user's program makes (not the heuristics): the repeat detector's history starts afresh at
+# each. Adding one = one name here.
+HARD_CUTS = frozenset({"sync", "h2d", "d2h", "collective", "program", "step", "mode", "backward", "end"})
+
+# Why a pending value becomes an output of its cluster (written to HBM) without ending it. Adding a
+# reason = one row here.
+MATERIALIZED: dict[str, str] = {
+    "fanout": f"an op is consumer number {FANOUT_LIMIT} of a pending value: the value is an output of the "
+              "cluster (written once), not recomputed for each consumer",
+    "reexecution": "an op reads a value an earlier cluster computed: it was that cluster's output (in HBM), "
+                   "so it is read, not computed again",
 }
 
 
@@ -142,8 +165,12 @@ class RepeatDetector:
 
     def __init__(self, low: int = REPEAT_MIN, high: int = REPEAT_MAX) -> None:
         self.low, self.high = low, high
-        self.history: list[int] = []          # op hashes, the last 2 x high
         self.ids: dict[Hashable, int] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the history (TorchTPU's ``OpWindow::Reset``; here at each ``HARD_CUTS`` cut)."""
+        self.history: list[int] = []          # op hashes, the last 2 x high
         self.pos = 0                          # ops appended so far
         self.next_valid = 0                   # no search before this position
         self.last = 0                         # the repeat length found last
@@ -184,11 +211,12 @@ class WindowCutter:
         self.size = 0                   # ops in the pending cluster
         self.windows = 0                # clusters that held ops and ended
         self.cuts: Counter[str] = Counter()
+        self.materialized: Counter[str] = Counter()     # values made cluster outputs (MATERIALIZED keys)
         self.repeats = RepeatDetector() if (repeat_detection() if repeats is None else repeats) else None
         self._after: str | None = None  # a cut decided after the last op (repeated, split)
         self._last: tuple[str, str] = ("", "")     # the last deferred op's name and line (``_dispatch``)
-        self._readers: dict[Hashable, int] = {}          # pending buffer -> its pending consumers
-        self._history: dict[Hashable, frozenset] = {}    # pending buffer -> (op key, line)s it came from
+        self._readers: dict[Hashable, int] = {}    # pending buffer -> its pending consumers
+        self._earlier: set[Hashable] = set()       # buffers an ended cluster wrote (its outputs)
 
     def admit(self, node: Node) -> str | None:
         """An eager op arrives. Returns the reason to end the pending cluster before it, or None; a
@@ -197,6 +225,7 @@ class WindowCutter:
         if reason is not None:
             self.boundary(reason)
         if not node.fusible:
+            self._earlier.update(node.writes)
             return reason
         repeated = self.repeats is not None and self._dispatch(node) and self.repeats.append(node.key)
         self.join(node)
@@ -213,11 +242,6 @@ class WindowCutter:
             return "split"
         if any(self._readers.get(w, 0) for w in node.writes):
             return "stale"
-        reads = set(node.reads)
-        if any(self._readers.get(r, -1) >= FANOUT_LIMIT - 1 for r in reads):
-            return "fanout"
-        if any((node.key, node.results, node.source) in self._history.get(r, ()) for r in reads):
-            return "reexecution"
         if self.size >= self.limit:
             return "size"
         return None
@@ -230,44 +254,48 @@ class WindowCutter:
         new, self._last = this != self._last or not node.name, this
         return new
 
-    def _lineage(self, node: Node) -> frozenset:
-        """The ops (key, output shapes, line) a value ``node`` writes was computed from in this cluster."""
-        return frozenset({(node.key, node.results, node.source)}).union(
-            *(self._history.get(r, ()) for r in set(node.reads)))
-
     def join(self, node: Node) -> None:
         """Add a fusible op to the pending cluster without any check (the PJRT target's own cuts
-        reopen a cluster with the op that caused them)."""
-        reads = set(node.reads)
-        history = self._lineage(node)
-        for r in reads:
+        reopen a cluster with the op that caused them). A pending value it is the second consumer of
+        (fanout) or an earlier cluster's output it reads (reexecution) is counted as materialized."""
+        for r in set(node.reads):
             if r in self._readers:
                 self._readers[r] += 1
-        for w in node.writes:
-            self._readers[w] = 0
-            self._history[w] = history
+                if self._readers[r] == FANOUT_LIMIT:
+                    self.materialized["fanout"] += 1
+            elif r in self._earlier:
+                self._earlier.discard(r)        # counted once per value
+                self.materialized["reexecution"] += 1
+        self._wrote(node.writes)
         self.size += 1
+
+    def _wrote(self, buffers: tuple | list) -> None:
+        for w in buffers:
+            self._readers[w] = 0
+            self._earlier.discard(w)
 
     def wrote(self, node: Node, buffers: list[Hashable]) -> None:
         """``node``, already admitted, also wrote ``buffers`` (results known only once it ran: the PJRT
         target's host ops); nothing when the node ran alone or the cluster is empty."""
         if self.size and node.fusible:
-            history = self._lineage(node)
-            for b in buffers:
-                self._readers[b] = 0
-                self._history[b] = history
+            self._wrote(buffers)
 
     def boundary(self, reason: str) -> str:
         """End the pending cluster for ``reason`` (a key of ``CUTS``); counted when it held ops. A cut
-        decided after the last op (a repeat, a split point) is what ended it: that reason is returned."""
+        decided after the last op (a repeat, a split point) is what ended it: that reason is returned.
+        Its values are outputs from now on (``reexecution``); a ``HARD_CUTS`` cut resets the repeat
+        detector."""
         if reason not in CUTS:
             raise ValueError(f"unknown window cut {reason!r}; accepted: {', '.join(CUTS)}")
         ended = self._after or reason
         if self.size:
             self.windows += 1
             self.cuts[ended] += 1
+        if reason in HARD_CUTS and self.repeats is not None:
+            self.repeats.reset()
+            self._last = ("", "")
         self.size = 0
         self._after = None
+        self._earlier.update(self._readers)
         self._readers.clear()
-        self._history.clear()
         return ended

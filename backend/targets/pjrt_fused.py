@@ -19,8 +19,11 @@ so a program recorded while it runs here is priced with the windows that ran:
 - ``collective``: a collective of the tpusim c10d backend;
 - ``program``: a torch.compile'd graph (backend/compile.py) runs;
 - ``step``: ``optimizer.step()`` returned;
-- TorchTPU's heuristics (``tpusim.windows``): ``fanout``, ``reexecution``, ``stale``, ``dynamic``,
-  ``repeated`` (``split`` too, though torch.tpu.ops' kernels run on the host here). The cutter sees each
+- ``backward``: ``torch.autograd.backward`` (``Tensor.backward``) returned (backend/recorder.py's
+  ``add_backward_listener``): TorchTPU's autograd post-backward materialization;
+- TorchTPU's heuristics (``tpusim.windows``): ``stale``, ``dynamic``, ``repeated`` (a value with two
+  consumers is an output of its cluster, not a cut: ``fanout``, ``reexecution`` are counted in
+  ``cutter.materialized``) (``split`` too, though torch.tpu.ops' kernels run on the host here). The cutter sees each
   op as ``op_node`` builds it (its name and input shapes, the storages it reads and writes, the user's
   line from backend/source.py), as ``tpusim.fusion.op_node`` does from the op's record; a host op's
   fresh results join the graph once it ran (``WindowCutter.wrote``);
@@ -67,7 +70,7 @@ import numpy as np
 import torch
 from jax import lax
 from torch.optim.optimizer import register_optimizer_step_post_hook
-from tpusim.backend import costs, native_hooks, source
+from tpusim.backend import costs, native_hooks, recorder, source
 from tpusim.backend.lowering import jax_to_tensor, tensor_to_numpy
 from tpusim.backend.lowering.dtypes import jax_dtype, torch_dtype
 from tpusim.backend.state import STATE
@@ -225,12 +228,18 @@ class Window:
     def install(self) -> None:
         native_hooks.add(self._native, first=True)
         self._step_hook = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: self.cut("step"))
+        recorder.add_backward_listener(self._after_backward)
 
     def uninstall(self) -> None:
         native_hooks.remove(self._native)
+        recorder.remove_backward_listener(self._after_backward)
         if self._step_hook is not None:
             self._step_hook.remove()
             self._step_hook = None
+
+    def _after_backward(self) -> None:
+        """TorchTPU's autograd post-backward materialization."""
+        self.cut("backward")
 
     def _native(self, kind: str, a: torch.Tensor, b: torch.Tensor | None) -> None:
         """The shim's native item/copy: item notifies before reading, copy after copying, so a copy that

@@ -21,6 +21,7 @@ from tpusim.backend import costs, recorder
 from tpusim.backend.state import STATE
 
 from tpusim.trace import HostRecord, MemoryRecord, OpRecord, TensorMeta, Trace
+from tpusim.windows import BACKWARD_REASON
 
 
 @contextmanager
@@ -123,7 +124,10 @@ def test_backward_ops_name_the_backward_line_and_prints_are_prints(capsys: pytes
     sources = [o.source for o in rec.trace.of_kind(OpRecord)]
     assert f"test_fallback_speed_invariants.py:{line}" in sources      # ops of the autograd engine's thread
     hosts = rec.trace.of_kind(HostRecord)
-    assert hosts and all(h.reason == "print" for h in hosts)
+    marks = [h for h in hosts if h.reason == BACKWARD_REASON]          # Fused eager's cut after backward()
+    assert [h.source for h in marks] == [f"test_fallback_speed_invariants.py:{line}"]
+    syncs = [h for h in hosts if h.reason != BACKWARD_REASON]
+    assert syncs and all(h.reason == "print" for h in syncs)
     assert capsys.readouterr().out
 
 

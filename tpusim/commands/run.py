@@ -95,8 +95,21 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--tokens-per-step", type=_tokens_per_step, metavar="N",
                         help="tokens one step processes over the whole slice (global batch x sequence length): "
                              "the report then gives tokens/s per chip and per slice")
+    parser.add_argument("--max-records", type=_max_records, metavar="N",
+                        help="record budget: once a step ends with N records recorded, recording stops (the "
+                             "script runs on; the report prices the steps recorded and says so); default "
+                             "TPUSIM_MAX_RECORDS or 6e5 (under 2 GB), 0: no limit")
     add_fault_arguments(parser)
     parser.set_defaults(run=run, script_args=[])
+
+
+def _max_records(text: str) -> int:
+    """--max-records: read as TPUSIM_MAX_RECORDS is (tpusim/envvars.py), else argparse's clear error."""
+    try:
+        return int(envvars.BY_NAME["TPUSIM_MAX_RECORDS"].parse(text))
+    except (ValueError, OverflowError, TpusimError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of records >= 0, e.g. 2e6 "
+                                         f"(0: no limit)") from None
 
 
 def _tokens_per_step(text: str) -> int:
@@ -179,19 +192,21 @@ def _record_and_report(args: argparse.Namespace, script: Path, modes: list[str],
     from tpusim.script import run_script
     ranks = runner.resolve_ranks(args.ranks, slice_.total_chips, script)
     started = time.perf_counter()
+    budget_stop = None                       # set when the record budget stopped recording (--ranks one)
     if ranks == "all":
         progress.say(f"--ranks all: {slice_.total_chips} processes, one per chip")
         trace, outcome = runner.record_all(script, list(args.script_args), slice_.total_chips,
                                            slice_.chip.chips_per_host, out_dir)
     else:
         runner.prepare_one(slice_.total_chips, slice_.chip.chips_per_host)
-        with backend.recording() as recorder:
+        with backend.recording(max_records=getattr(args, "max_records", None)) as recorder:
             progress.track(f"recording {script.name}", lambda: len(recorder.records), unit="records")
             try:
                 outcome = run_script(script, list(args.script_args))
             finally:
                 progress.stop()
         trace = runner.ranks_one_meta(dataclasses.replace(recorder.trace, world_size=slice_.total_chips))
+        budget_stop = _budget_stop(recorder)
     with Interrupts(progress) as interrupts:    # from here on Ctrl-C never loses what was recorded
         from tpusim.placement import apply_placement
         placement_error = None
@@ -207,12 +222,24 @@ def _record_and_report(args: argparse.Namespace, script: Path, modes: list[str],
         if device is not None and outcome.exit_code != INTERRUPTED:
             measure = _measurer(script, args, modes, slice_, device, chip_from, progress)
         measured, stopped = _price_and_report(trace, slice_, modes, script, args, outcome, torch.__version__,
-                                              out_dir, progress, interrupts, measure)
+                                              out_dir, progress, interrupts, measure, budget_stop)
     if placement_error is not None:
         print(f"tpusim run: error: {placement_error} (the report uses the default placement)", file=sys.stderr)
     measured_codes = [run.exit_code for run in (measured.runs if measured else ())]
     return (outcome.exit_code or (INTERRUPTED if stopped else 0) or (2 if placement_error else 0)
             or next((code for code in measured_codes if code), 0))
+
+
+def _budget_stop(recorder):
+    """The report's ``recording_stopped`` when the record budget stopped ``recorder`` (backend/recorder.py),
+    else None."""
+    from tpusim.backend.recorder import budget_note
+    from tpusim.report.model import RecordingStopped
+
+    if recorder.stopped_after_step is None:
+        return None
+    return RecordingStopped(recorder.stopped_after_step, recorder.steps, recorder.max_records,
+                            budget_note(recorder.stopped_after_step, recorder.steps, recorder.max_records))
 
 
 def _jax_device(args: argparse.Namespace, progress: Progress) -> JaxDevice:
@@ -333,8 +360,8 @@ class Interrupts:
 
 
 def _price_and_report(trace, slice_, modes, script, args, outcome, torch_version, out_dir, progress,
-                      interrupts: Interrupts, measure: Callable[[], Measured] | None = None
-                      ) -> tuple[Measured | None, bool]:
+                      interrupts: Interrupts, measure: Callable[[], Measured] | None = None,
+                      recording_stopped=None) -> tuple[Measured | None, bool]:
     """Price every mode, build the report from its typed parts (plus what ``measure`` finds for real), write
     it, print the summary; returns what was measured and whether Ctrl-C stopped pricing."""
     from tpusim.faults import slowdown_lines, slowdown_section
@@ -380,7 +407,8 @@ def _price_and_report(trace, slice_, modes, script, args, outcome, torch_version
     info = RunInfo(script=str(args.script), argv=tuple(args.script_args), topology=slice_.spec,
                    numerics=args.numerics, target=args.target, torch_version=torch_version,
                    error_type=outcome.error_type, error_traceback=outcome.error, exit_code=outcome.exit_code,
-                   interrupted=interrupted, tokens_per_step=getattr(args, "tokens_per_step", None))
+                   interrupted=interrupted, tokens_per_step=getattr(args, "tokens_per_step", None),
+                   recording_stopped=recording_stopped)
     warnings = lint(trace, slice_.chip, timelines[fastest] if fastest else None)
     distributed = distributed_info(trace, slice_)
     faults = None

@@ -23,6 +23,9 @@ when it compares a version 3 report with an older one::
                                raised; N for sys.exit(N); 130 when Ctrl-C stopped it)
     interrupted                null, or what Ctrl-C stopped: {script, pricing (true/false), not_priced
                                [modes asked for but not priced]}; the report covers what was done before
+    recording_stopped          null, or the record budget stopped recording (TPUSIM_MAX_RECORDS, --max-records):
+                               {after_step, steps (all the script ran, counted after the stop too),
+                               max_records, note (in words)}; every mode prices the steps recorded only
     run                        script, argv, tpusim_version, torch_version, chip, topology,
                                world_size, modes, numerics, target, tokens_per_step (--tokens-per-step; null)
     chip                       name, display_name and the peaks the report compares against
@@ -141,6 +144,17 @@ class Interrupted:
 
 
 @dataclass(frozen=True)
+class RecordingStopped:
+    """The record budget stopped recording after step ``after_step`` of the ``steps`` the script ran
+    (report.json's ``recording_stopped``); ``note`` is the sentence users read."""
+
+    after_step: int
+    steps: int
+    max_records: int
+    note: str
+
+
+@dataclass(frozen=True)
 class RunInfo:
     """What was run, for the report's ``run`` section, and how it ended."""
 
@@ -155,6 +169,7 @@ class RunInfo:
     exit_code: int = 0                  # the script's exit status
     interrupted: Interrupted | None = None
     tokens_per_step: int | None = None  # global batch x sequence length (tpusim run --tokens-per-step)
+    recording_stopped: RecordingStopped | None = None   # the record budget stopped recording
 
 
 def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str, Timeline],
@@ -172,6 +187,7 @@ def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str
                                                        "traceback": info.error_traceback},
         "exit_code": info.exit_code,
         "interrupted": None if info.interrupted is None else asdict(info.interrupted),
+        "recording_stopped": None if info.recording_stopped is None else asdict(info.recording_stopped),
         "run": {"script": info.script, "argv": list(info.argv), "tpusim_version": __version__,
                 "torch_version": info.torch_version, "chip": chip.name, "topology": slice_.spec,
                 "world_size": slice_.total_chips, "modes": list(timelines), "numerics": info.numerics,

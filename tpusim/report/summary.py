@@ -97,6 +97,8 @@ def summary_table(report: dict[str, Any], out_dir: str) -> str:
              f"{steps}{per_rank}"]
     if report["slice"].get("shape_note"):
         lines.append(f"warning: {report['slice']['shape_note']}")
+    if report.get("recording_stopped"):          # the record budget: the columns price the steps recorded
+        lines.append(f"note: {report['recording_stopped']['note']}; the figures are the recorded steps'")
     lines += _columns(names, rows) if names else ["no eager mode was priced"]
     lines += warmup_lines(modes)
     lines += verdict_lines(modes)

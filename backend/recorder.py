@@ -291,15 +291,23 @@ def add_meta_source(source: Callable[[], dict]) -> None:
         _META_SOURCES.append(source)
 
 
+def _add(listeners: list[Callable[[], None]], listener: Callable[[], None]) -> None:
+    if listener not in listeners:
+        listeners.append(listener)
+
+
+def _remove(listeners: list[Callable[[], None]], listener: Callable[[], None]) -> None:
+    if listener in listeners:
+        listeners.remove(listener)
+
+
 def add_step_listener(listener: Callable[[], None]) -> None:
     """Call ``listener()`` after every explicit ``step()`` (``tpusim.backend.step()``), recording or not."""
-    if listener not in _STEP_LISTENERS:
-        _STEP_LISTENERS.append(listener)
+    _add(_STEP_LISTENERS, listener)
 
 
 def remove_step_listener(listener: Callable[[], None]) -> None:
-    if listener in _STEP_LISTENERS:
-        _STEP_LISTENERS.remove(listener)
+    _remove(_STEP_LISTENERS, listener)
 
 
 def step() -> None:
@@ -420,13 +428,11 @@ _BACKWARD_LISTENERS: list[Callable[[], None]] = []
 def add_backward_listener(listener: Callable[[], None]) -> None:
     """Call ``listener()`` each time ``torch.autograd.backward`` (so ``Tensor.backward``) returns."""
     _wrap_backward()
-    if listener not in _BACKWARD_LISTENERS:
-        _BACKWARD_LISTENERS.append(listener)
+    _add(_BACKWARD_LISTENERS, listener)
 
 
 def remove_backward_listener(listener: Callable[[], None]) -> None:
-    if listener in _BACKWARD_LISTENERS:
-        _BACKWARD_LISTENERS.remove(listener)
+    _remove(_BACKWARD_LISTENERS, listener)
 
 
 def _mark_backward() -> None:

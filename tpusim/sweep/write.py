@@ -73,14 +73,7 @@ def _figure_png(table: Any, metric: str, label: str) -> str:
                   label="Pareto front")
         axes.set_yscale("log")
     axes.set_xscale("log", base=2)
-    axes.set_xlabel("chips")
-    axes.set_ylabel(label)
-    axes.grid(True, alpha=0.3)
-    axes.legend(fontsize="small")
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=90)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+    return _finished_png(figure, axes, "chips", label)
 
 
 def _by_argument_png(table: Any, argument: str, metric: str, label: str) -> str:
@@ -96,8 +89,13 @@ def _by_argument_png(table: Any, argument: str, metric: str, label: str) -> str:
         values = group.groupby(argument)[metric].agg(best).sort_index()
         name = f"{chip} {topology}{f' x{slices}' if slices > 1 else ''}"
         axes.plot([str(v) for v in values.index], values.to_numpy(dtype=float), marker="o", label=name)
-    axes.set_xlabel(argument)
-    axes.set_ylabel(label)
+    return _finished_png(figure, axes, argument, label)
+
+
+def _finished_png(figure: Any, axes: Any, xlabel: str, ylabel: str) -> str:
+    """Label, grid and legend ``axes``, then ``figure`` as base64 PNG text for an <img> in sweep.html."""
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize="small")
     figure.tight_layout()

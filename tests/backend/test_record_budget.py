@@ -3,6 +3,7 @@ reached, the script runs on with exact numerics, and the report prices the recor
 
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 import sys
@@ -110,6 +111,7 @@ def test_tpusim_run_prices_the_recorded_steps_and_says_where_it_stopped(tmp_path
     assert report["program"]["steps"] == stopped["after_step"]
     assert report["modes"]["strict"]["steps"]["count"] == stopped["after_step"]
     assert f"note: {stopped['note']}" in result.stdout
+    assert html.escape(stopped["note"]) in (out / "report.html").read_text()
     torch.manual_seed(0)                                      # the script's last value, as CPU computes it
     model = nn.Linear(8, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -301,7 +301,7 @@ class _Chip:
                     start = env.now
                     yield env.timeout(cost.seconds)
                     self.log(start, "tensorcore", rec.op, "op", rec, bytes=cost.bytes, flops=cost.flops,
-                             bound=cost.bound, cost=cost)
+                             bound=cost.bound, cost=cost, dtype=rec.dtype)
             elif item.what == "collective":
                 yield from self._wait_deps(rec)
                 group = self.sim.group_of(rec)
@@ -356,7 +356,7 @@ class _Chip:
             start = self.env.now
             yield self.env.timeout(cost.seconds)
             self.log(start, "sparsecore", rec.op, "op", rec, bytes=cost.bytes, flops=cost.flops,
-                     bound=cost.bound, cost=cost)
+                     bound=cost.bound, cost=cost, dtype=rec.dtype)
 
     def _collective(self, rec: CollectiveRecord, group: tuple[int, ...]):
         sim, env = self.sim, self.env

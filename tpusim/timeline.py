@@ -42,6 +42,7 @@ class Event:
     seq: int = -1
     bound: str = ""           # ops: what limited the kernel (compute.BOUNDS); stalls: the reason
     cost: KernelCost | None = None   # ops: the kernel's priced cost (readers never price again)
+    dtype: str = ""           # ops: the dtype whose MXU peak the kernel ran at (int8 matmuls: int8's)
 
     @property
     def seconds(self) -> float:

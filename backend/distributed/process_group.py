@@ -10,6 +10,12 @@ A Python ``dist.ProcessGroup`` subclass (torch's PyProcessGroup trampoline), cre
    gloo (transport.py); nothing in shape-only mode (TPUSIM_NUMERICS=off);
 4. return an already-completed Work (the simulator, not this process, models overlap).
 
+Asynchronous in the trace (``async_op``: the simulator runs it on ICI beside later compute, and the first
+device op that reads or writes its buffers waits for it) when the caller passed ``async_op=True`` or
+issued it on a stream other than the device's default one: FSDP2 runs its parameter all-gathers and
+gradient reduce-scatters synchronously on its own streams, asynchronous to the compute stream, which
+only waits for them (an event) where it reads the gathered parameters.
+
 Collective -> trace kind: gather and scatter are priced as all_gather (same bytes into/out of
 the root); send/recv as ``permute`` on the pair (``--ranks one`` records the send side only).
 """
@@ -146,6 +152,7 @@ class TpusimProcessGroup(dist.ProcessGroup):
                                 self.global_ranks, self._name, self.seq, self.global_ranks[self._rank]),
                            self._size)
         self.seq += 1
+        async_op = async_op or _on_side_stream(inputs or outputs)
         if record:
             recorded_group = () if self.is_world and group is None else members
             emit.collective(record_kind or kind, inputs, outputs, recorded_group, mesh_axis=self.mesh_axis,
@@ -341,6 +348,16 @@ class TpusimProcessGroup(dist.ProcessGroup):
 
 def _async(opts: object) -> bool:
     return bool(getattr(opts, "asyncOp", False))
+
+
+def _on_side_stream(tensors: list[torch.Tensor]) -> bool:
+    """Whether the call is issued on a tpu stream other than the default one (stream id 0) of its
+    tensors' device: work there is asynchronous to the compute stream (FSDP2's all-gather and
+    reduce-scatter streams)."""
+    device = next((t.device for t in tensors if t.device.type == "tpu"), None)
+    if device is None:
+        return False
+    return torch._C._accelerator_getStream(device.index or 0).stream_id != 0
 
 
 INEXACT: dict[tuple[str, str], int] = {}

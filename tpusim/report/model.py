@@ -53,7 +53,7 @@ when it compares a version 3 report with an older one::
       host_s                   host timeline split: dispatch (incl. fused window recording and
                                debug's result read-back), stall, transfer, compile (cache misses)
       collective_overlapped_s  collective time hidden under compute
-      mxu_utilisation          useful MXU FLOPs / (time in MXU kernels x bf16 peak)
+      mxu_utilisation          useful MXU FLOPs / (time in MXU kernels x each kernel's dtype peak)
       mfu                      headline.mfu: the steady step's FLOPs / (its time x the FLOP-weighted MXU
                                peak of the dtypes the matmuls used)
       kernels                  kernels launched (per rank)
@@ -114,6 +114,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tpusim import __version__
+from tpusim.compute import mxu_peak_flops_per_s
+from tpusim.errors import TpusimError
 from tpusim.lint import LintWarning
 from tpusim.placement import Distributed, PlacementComparison
 from tpusim.report.collectives import collective_entry, group_collectives
@@ -320,10 +322,22 @@ def device_split(timeline: Timeline, start: float, end: float, per: int = 1) -> 
 
 def mxu_utilisation(timeline: Timeline, chip: ChipSpec) -> float:
     """Useful FLOPs of the kernels that ran on the MXU (as this mode priced them: fused kernels carry
-    their epilogues) over what the MXUs could do at the bf16 peak in the time those kernels ran."""
-    costs = [e.cost for e in timeline.events if e.kind == "op" and e.cost is not None and e.cost.unit == "mxu"]
-    seconds = sum(c.seconds for c in costs)
-    return sum(c.flops for c in costs) / (seconds * chip.peak_bf16_flops_per_s) if seconds else 0.0
+    their epilogues) over what the MXUs could do in the time those kernels ran, each kernel at its own
+    dtype's peak (an int8 matmul at int8's, twice bf16's on v5p: against bf16's it would read > 100%)."""
+    flops = capacity = 0.0
+    for e in timeline.events:
+        if e.kind == "op" and e.cost is not None and e.cost.unit == "mxu":
+            flops += e.cost.flops
+            capacity += e.cost.seconds * _mxu_peak(chip, e.dtype)
+    return flops / capacity if capacity else 0.0
+
+
+def _mxu_peak(chip: ChipSpec, dtype: str) -> float:
+    """The MXU peak of ``dtype``; bf16's for dtypes with no MXU rate (bool, int64) or unknown ("")."""
+    try:
+        return mxu_peak_flops_per_s(chip, dtype) if dtype else chip.peak_bf16_flops_per_s
+    except TpusimError:
+        return chip.peak_bf16_flops_per_s
 
 
 def compile_cache(timeline: Timeline) -> dict[str, Any] | None:

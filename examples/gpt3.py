@@ -181,6 +181,9 @@ def parallelize(model: GPT, mesh: object, compile_blocks: bool, checkpoint: bool
             block.compile(backend="tpu")
         fully_shard(block, mesh=mesh["fsdp"])
     fully_shard(model, mesh=mesh["fsdp"])
+    blocks = list(model.blocks)
+    for block, following in zip(blocks, blocks[1:]):    # all-gather the next block's weights while this one runs
+        block.set_modules_to_forward_prefetch([following])
 
 
 def load_full(model: nn.Module, reference: nn.Module) -> None:

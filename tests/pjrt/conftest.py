@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,17 +19,28 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
-@pytest.fixture
-def pjrt_mode(request: pytest.FixtureRequest) -> object:
-    """Enable the PJRT target in the eager mode given by indirect parametrisation (``enable`` sets the
-    process's eager mode); back to the sim target and the previous eager mode afterwards."""
+def _pjrt_enabled(mode: str) -> Iterator[object]:
+    """The PJRT target in eager ``mode`` (``enable`` sets the process's eager mode), its stats reset; back to
+    the sim target and the previous eager mode afterwards."""
     from tpusim.backend.targets import pjrt
 
     import tpusim
 
     previous = tpusim.get_eager_mode()
-    pjrt.enable(request.param)
+    pjrt.enable(mode)
     pjrt.reset_stats()
     yield pjrt
     pjrt.disable()
     tpusim.set_eager_mode(previous)
+
+
+@pytest.fixture
+def pjrt_mode(request: pytest.FixtureRequest) -> Iterator[object]:
+    """The PJRT target in the eager mode given by indirect parametrisation."""
+    yield from _pjrt_enabled(request.param)
+
+
+@pytest.fixture
+def fused() -> Iterator[object]:
+    """The PJRT target in Fused eager."""
+    yield from _pjrt_enabled("fused")

@@ -8,26 +8,15 @@ recorded while it ran. ``split`` has no case here: torch.tpu.ops' kernels run on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
 import tpusim.backend as tb
 from tpusim.backend.targets import pjrt
 
-import tpusim
 from tpusim.fusion import fuse
 from tpusim.spec import load_chip
-
-
-@pytest.fixture
-def fused() -> Iterator[None]:
-    previous = tpusim.get_eager_mode()
-    pjrt.enable("fused")
-    pjrt.reset_stats()
-    yield
-    pjrt.disable()
-    tpusim.set_eager_mode(previous)
 
 
 def run_both(program: Callable[[str], torch.Tensor]) -> tuple[dict[str, int], dict[str, int]]:
@@ -57,7 +46,7 @@ def run_materialized(program: Callable[[str], torch.Tensor]) -> tuple[dict[str, 
     return dict(pjrt.stats().cutter.materialized), fuse(rec.trace.records, load_chip("v5p")).stats.materialized
 
 
-def test_fanout_is_an_output_of_the_cluster_not_a_cut(fused: None) -> None:
+def test_fanout_is_an_output_of_the_cluster_not_a_cut(fused: object) -> None:
     def program(device: str) -> torch.Tensor:
         (t,) = inputs(device)
         y = t * 3
@@ -72,7 +61,7 @@ def test_fanout_is_an_output_of_the_cluster_not_a_cut(fused: None) -> None:
     assert materialized == model_materialized and materialized.get("fanout") == 1
 
 
-def test_a_loop_carried_chain_stays_one_cluster(fused: None) -> None:
+def test_a_loop_carried_chain_stays_one_cluster(fused: object) -> None:
     def program(device: str) -> torch.Tensor:
         (h,) = inputs(device)
         h = h * 1.0
@@ -84,7 +73,7 @@ def test_a_loop_carried_chain_stays_one_cluster(fused: None) -> None:
     assert got == model and "reexecution" not in got and pjrt.stats().windows == 1
 
 
-def test_backward_returning_ends_the_cluster(fused: None) -> None:
+def test_backward_returning_ends_the_cluster(fused: object) -> None:
     def program(device: str) -> torch.Tensor:
         (t,) = inputs(device)
         w = t.clone().requires_grad_()
@@ -95,7 +84,7 @@ def test_backward_returning_ends_the_cluster(fused: None) -> None:
     assert got == model and got.get("backward") == 1
 
 
-def test_stale(fused: None) -> None:
+def test_stale(fused: object) -> None:
     def program(device: str) -> torch.Tensor:
         (t,) = inputs(device)
         y = t * 3
@@ -108,7 +97,7 @@ def test_stale(fused: None) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:tpusim pjrt.*nonzero")
-def test_dynamic(fused: None) -> None:
+def test_dynamic(fused: object) -> None:
     def program(device: str) -> torch.Tensor:
         (t,) = inputs(device)
         y = t - 0.5
@@ -134,7 +123,7 @@ def layer(x: torch.Tensor) -> torch.Tensor:
     return y.log1p()
 
 
-def test_repeated_layers_compile_one_cluster(fused: None) -> None:
+def test_repeated_layers_compile_one_cluster(fused: object) -> None:
     def program(device: str) -> torch.Tensor:
         ws = inputs(device, 4)
         return torch.stack([layer(w) for w in ws])  # four independent layers: no carried value

@@ -15,8 +15,6 @@ flush), is the one documented difference left: a test pins it to exactly those c
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,7 +24,6 @@ from torch import nn
 from tpusim.backend.targets import pjrt
 from tpusim.backend.targets.pjrt_fused import OWN_CUTS
 
-import tpusim
 from tpusim.fusion import FusionStats, fuse
 from tpusim.spec import load_chip
 from tpusim.windows import CUTS
@@ -71,21 +68,11 @@ def program(device: str) -> tuple[list[float], torch.Tensor]:
     return losses, z
 
 
-@pytest.fixture
-def fused() -> Iterator[None]:
-    previous = tpusim.get_eager_mode()
-    pjrt.enable("fused")
-    pjrt.reset_stats()
-    yield
-    pjrt.disable()
-    tpusim.set_eager_mode(previous)
-
-
 def fusion_stats(rec: tb.Recording) -> FusionStats:
     return fuse(rec.trace.records, load_chip("v5p")).stats
 
 
-def test_windows_and_cuts_equal_the_fusion_model(fused: None) -> None:
+def test_windows_and_cuts_equal_the_fusion_model(fused: object) -> None:
     ref_losses, ref_z = program("cpu")
     with tb.recording() as rec:
         losses, z = program("tpu")
@@ -102,7 +89,7 @@ def test_windows_and_cuts_equal_the_fusion_model(fused: None) -> None:
     assert stats.host_ops == 0, pjrt.host_ops()
 
 
-def test_the_benchmark_mlp_has_the_fusion_windows_too(fused: None) -> None:
+def test_the_benchmark_mlp_has_the_fusion_windows_too(fused: object) -> None:
     ref = train(ElementwiseMLP(), mlp_batch(), STEPS, "cpu")
     torch.manual_seed(0)
     with tb.recording() as rec:
@@ -116,7 +103,7 @@ def test_the_benchmark_mlp_has_the_fusion_windows_too(fused: None) -> None:
     assert set(OWN_CUTS) <= set(CUTS) and not set(stats.cuts) & set(OWN_CUTS)
 
 
-def test_explicit_step_and_synchronize_cut_only_in_the_fusion_model(fused: None) -> None:
+def test_explicit_step_and_synchronize_cut_only_in_the_fusion_model(fused: object) -> None:
     x = torch.randn(8, device="tpu")
     with tb.recording() as rec:
         y = x.sin() + 1
@@ -130,7 +117,7 @@ def test_explicit_step_and_synchronize_cut_only_in_the_fusion_model(fused: None)
     assert stats.cuts == {"sync": 1} and stats.windows == 1
 
 
-def test_views_of_pending_values_are_read_inside_the_window(fused: None) -> None:
+def test_views_of_pending_values_are_read_inside_the_window(fused: object) -> None:
     a = torch.randn(8, 6)
     t = a.to("tpu")
     h, g, f = t * 2, t * 3, t * 4                       # pending, contiguous; each read by one op (no fanout)
@@ -140,7 +127,7 @@ def test_views_of_pending_values_are_read_inside_the_window(fused: None) -> None
     assert pjrt.stats().cuts == {"sync": 1} and pjrt.stats().windows == 1
 
 
-def test_a_write_through_another_view_cuts_alias(fused: None) -> None:
+def test_a_write_through_another_view_cuts_alias(fused: object) -> None:
     a = torch.arange(12.0).reshape(3, 4)
     t = a.to("tpu")
     t.mul_(2)
@@ -178,7 +165,7 @@ def test_a_collective_reads_the_pending_values_after_a_cut() -> None:
     assert out.split() == ["[2.0,", "8.0,", "14.0,", "20.0]", "True", "{'collective':", "1,", "'sync':", "1}"]
 
 
-def test_a_compiled_graph_reads_the_pending_values_after_a_cut(fused: None) -> None:
+def test_a_compiled_graph_reads_the_pending_values_after_a_cut(fused: object) -> None:
     x = torch.randn(8)
     f = torch.compile(lambda t: (t * 2).sin(), backend="tpu")
     y = x.to("tpu") * 5

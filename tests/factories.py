@@ -12,6 +12,18 @@ import math
 from tpusim.spec import ChipSpec, load_chip
 from tpusim.trace import HostRecord, MemoryRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
 
+# A user's script: three SGD steps of one matmul on "tpu" (tpusim check's and the pytest plugin's tests run it)
+TRAINING_SCRIPT = """\
+import torch
+x = torch.randn(64, 128, device="tpu")
+w = torch.randn(128, 128, device="tpu", requires_grad=True)
+opt = torch.optim.SGD([w], lr=0.1)
+for step in range(3):
+    (x @ w).relu().sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
 US = 1e-6
 N = 250_000          # float32 elements of a 1 MB tensor
 MB = 1e6

@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from factories import TRAINING_SCRIPT
 
 from tpusim.errors import TpusimError
 from tpusim.lint import RULES
@@ -121,23 +122,13 @@ def test_bad_input_is_exit_code_2_with_one_line(tmp_path: Path, monkeypatch: pyt
         assert words in err and "Traceback" not in err and "never runs" not in out
 
 
-TRAIN = """\
-import torch
-x = torch.randn(64, 128, device="tpu")
-w = torch.randn(128, 128, device="tpu", requires_grad=True)
-opt = torch.optim.SGD([w], lr=0.1)
-for step in range(3):
-    (x @ w).relu().sum().backward()
-    opt.step()
-    opt.zero_grad()
-"""
-SYNC_IN_LOOP = TRAIN.replace("    opt.step()", "    print(w.sum().item())\n    opt.step()")
+SYNC_IN_LOOP = TRAINING_SCRIPT.replace("    opt.step()", "    print(w.sum().item())\n    opt.step()")
 CRASH = "import torch\nx = torch.ones(3, device='tpu')\nraise ValueError('bad batch')\n"
 
 
 @pytest.mark.slow      # four `tpusim check` runs, each importing torch: ~1 min on 2 busy cores
 def test_the_exit_codes_and_lines_a_ci_user_sees(tmp_path: Path) -> None:
-    for name, text in (("train.py", TRAIN), ("sync.py", SYNC_IN_LOOP), ("crash.py", CRASH)):
+    for name, text in (("train.py", TRAINING_SCRIPT), ("sync.py", SYNC_IN_LOOP), ("crash.py", CRASH)):
         (tmp_path / name).write_text(text)
     ok = _check("train.py", "--max-step-time", "1s", "--max-hbm", "0.5", "--fail-on", "f64,host-sync", "--json",
                 "--junit", "ok.xml", "--out", "ok", cwd=tmp_path)

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from factories import TRAINING_SCRIPT
 
 pytest_plugins = ["pytester"]
 
@@ -20,16 +21,6 @@ SHIM_CACHE = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache
 def shared_shim(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", SHIM_CACHE)
 
-TRAIN = '''
-import torch
-x = torch.randn(64, 128, device="tpu")
-w = torch.randn(128, 128, device="tpu", requires_grad=True)
-opt = torch.optim.SGD([w], lr=0.1)
-for step in range(3):
-    (x @ w).relu().sum().backward()
-    opt.step()
-    opt.zero_grad()
-'''
 
 TRAIN_F64 = '''
 import torch
@@ -78,7 +69,7 @@ def test_a_wrong_kernel_is_caught(tpu):
 
 @pytest.fixture
 def user_project(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makepyfile(train=TRAIN, train_f64=TRAIN_F64, test_model=USER_TESTS)
+    pytester.makepyfile(train=TRAINING_SCRIPT, train_f64=TRAIN_F64, test_model=USER_TESTS)
     return pytester
 
 

@@ -426,8 +426,8 @@ _BACKWARD_LISTENERS: list[Callable[[], None]] = []
 
 
 def add_backward_listener(listener: Callable[[], None]) -> None:
-    """Call ``listener()`` each time ``torch.autograd.backward`` (so ``Tensor.backward``) returns."""
-    _wrap_backward()
+    """Call ``listener()`` each time ``torch.autograd.backward`` (so ``Tensor.backward``) returns (wrapped
+    once, when this module is imported)."""
     _add(_BACKWARD_LISTENERS, listener)
 
 

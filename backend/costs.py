@@ -156,14 +156,16 @@ def _causal_fraction(s: int, t: int) -> float:
 
 
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, matmuls: int,
-           matmul_flops_per_score: float) -> Cost:
+           matmul_flops_per_score: float, kept: float | None = None) -> Cost:
     """Flash attention: Q, K, V, O and the log-sum-exp go through HBM (the recorded tensors), never the s x t
     scores; ``matmuls`` score-sized matmuls of shape (s, d) x (d, t) (or (s, t) x (t, d), the same padded
     work when the head dims are equal), 5 VPU FLOPs and one exp per kept score (scale, mask, max, sum, ...)."""
     *lead, s, d = q.shape
     t = k.shape[-2]
     bh = _numel(lead)
-    scores = bh * s * t * (_causal_fraction(s, t) if causal else 1.0)
+    if kept is None:        # the share of the s x t scores computed (a mask's skipped blocks are not)
+        kept = _causal_fraction(s, t) if causal else 1.0
+    scores = bh * s * t * kept
     return Cost(Family.ATTENTION, scores * (matmul_flops_per_score + 5.0), transcendentals=scores,
                 matmul=(max(1, round(matmuls * scores / (s * t))), s, d, t))
 
@@ -193,20 +195,14 @@ def _window_fraction(s: int, t: int, window: int) -> float:
     return kept / (s * t)
 
 
-def _splash(args: tuple, matmuls: int, at: int) -> Cost:
+def _splash(args: tuple, matmuls: int) -> Cost:
     """TorchTPU's splash attention (``tpu::splash_attention``, ``_backward``): flash attention whose masked
     blocks (causal, sliding window) are skipped; grouped-query K/V are read once, not per query head."""
-    q, k, v = args[at], args[at + 1], args[at + 2]
+    q, k, v = args[0], args[1], args[2]
     is_causal, window = bool(args[-2]), int(args[-1])
     flops_per_score = 2.0 * (q.shape[-1] + v.shape[-1]) if matmuls == 2 else 2.0 * (3 * q.shape[-1] + 2 * v.shape[-1])
-    cost = _flash(q, k, v, is_causal and window < 0, matmuls, flops_per_score)
-    if window >= 0:
-        s, t = q.shape[-2], k.shape[-2]
-        share = _window_fraction(s, t, window)
-        scores = _numel(q.shape[:-2]) * s * t * share
-        cost = Cost(Family.ATTENTION, scores * (flops_per_score + 5.0), transcendentals=scores,
-                    matmul=(max(1, round(matmuls * share)), s, q.shape[-1], t))
-    return cost
+    kept = _window_fraction(q.shape[-2], k.shape[-2], window) if window >= 0 else None
+    return _flash(q, k, v, is_causal, matmuls, flops_per_score, kept)
 
 
 def _ragged_dot(ins: list, outs: list, args: tuple) -> Cost:
@@ -250,8 +246,8 @@ def _sparse_dense_matmul_grad(ins: list, outs: list, args: tuple, ids_at: int) -
 
 # torch.tpu.ops kernels (backend/torchtpu/ops.py): adding a tpu:: kernel = one row here and one in tpusim/ops.py
 _TPU_KERNELS: dict[str, Callable[[list, list, tuple], Cost]] = {
-    "tpu::splash_attention": lambda i, o, a: _splash(a, 2, 0),
-    "tpu::splash_attention_backward": lambda i, o, a: _splash(a, 5, 0),
+    "tpu::splash_attention": lambda i, o, a: _splash(a, 2),
+    "tpu::splash_attention_backward": lambda i, o, a: _splash(a, 5),
     "tpu::ragged_dot": _ragged_dot,
     "tpu::ragged_dot_rhs_grad": _ragged_dot_rhs_grad,
     "tpu::sparse_dense_matmul": lambda i, o, a: _sparse_dense_matmul(i, o, a, 0, 3),

@@ -205,10 +205,13 @@ def record_program(program: Program, inputs: list, outputs: list) -> None:
         for value, t in (*zip(program.inputs, inputs), *zip(program.outputs, outputs)):
             if value is not None and isinstance(t, torch.Tensor) and t.device.type == "tpu":
                 real[value] = _metas(rec, [t])[0]
+        # A real tensor's storage is its base's, also when the base never leaves the graph (an output that is
+        # a view of an intermediate): the ops writing that base write the real storage.
+        real_base = {program.values[v].base: meta.storage for v, meta in real.items()}
         storage: dict[int, int] = {}
         for v, value in enumerate(program.values):     # a view's base comes before it
-            if value.base in real:
-                storage[v] = real[value.base].storage
+            if value.base in real_base:
+                storage[v] = real_base[value.base]
             elif value.base != v:
                 storage[v] = storage[value.base]
             else:

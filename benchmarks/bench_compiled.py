@@ -48,7 +48,7 @@ def main() -> None:
     print(f"wall {wall:.1f} s, target {TARGET_S:.0f} s: ratio {wall / TARGET_S:.2f}")
     print(f"compiled graphs {compiled.get('graphs', '?')}, ran op by op: {len(compiled.get('eager_graphs', []))}")
     for name, mode in report["modes"].items():
-        int8 = sorted({op["bound"] for op in mode.get("top_ops", []) if "_int_mm" in op["op"]})
+        int8 = sorted({op["bound"] for op in mode.get("top_ops", []) if op.get("dtype") == "int8"})
         print(f"  {name:8s} step {mode['total_s'] * 1e3:9.1f} ms  collectives exposed "
               f"{mode['device_s']['collective_exposed'] * 1e3:8.2f} ms  hidden "
               f"{mode['collective_overlapped_s'] * 1e3:8.2f} ms  int8 matmuls bound by {', '.join(int8) or '-'}")

@@ -22,8 +22,8 @@ from tpusim.planning import plan
 from tpusim.trace import MemoryRecord, OpRecord, TensorMeta, Trace, renumber
 
 
-def chip():
-    return factories.toy_chip(compile_s=1e-3, vmem_bytes=64 * 10**6)
+def chip(vmem_bytes=64 * 10**6):
+    return factories.toy_chip(compile_s=1e-3, vmem_bytes=vmem_bytes)
 
 
 LINE = iter(range(1, 10**6))
@@ -197,7 +197,8 @@ def test_quantize_work_is_an_int8_matmuls_prologue_in_a_compiled_program_only():
     # program XLA fuses the quantize into the matmul (one kernel: x and w read, the output written);
     # an eager cluster keeps the matmul without prologue (fusion.RULES), so the quantize is a kernel apart
     def quantized(program):
-        chain = [op("abs", [1], 2), op("amax", [2], 3, family="reduction"), op("div", [1, 3], 4),
+        scale = tensor(3, 1)                                                # one float per row
+        chain = [op("abs", [1], 2), op("amax", [2], scale, family="reduction"), op("div", [1, scale], 4),
                  op("round", [4], 5), op("clamp", [5], 6),
                  op("_to_copy", [6], 7, family="elementwise"),      # a cast: recorded elementwise (costs.py)
                  op("_int_mm", [7, 8], 9, family="quantized_contraction")]
@@ -208,3 +209,7 @@ def test_quantize_work_is_an_int8_matmuls_prologue_in_a_compiled_program_only():
     assert len(in_program) == 1 and in_program[0].bytes_read == 2 * MB and in_program[0].bytes_written == MB
     eager = [r for r in fuse(renumber(quantized(0)), chip()).records if isinstance(r, OpRecord)]
     assert [len(k.parts) for k in eager] == [6, 1]
+    # x over VMEM: the amax must finish before the divide, so x is read again after it (XLA's two passes);
+    # the quantized values stream into the matmul tile by tile and never reach HBM.
+    (over,) = [r for r in fuse(renumber(quantized(1)), chip(vmem_bytes=MB // 2)).records if isinstance(r, OpRecord)]
+    assert (over.bytes_read, over.bytes_written, over.spilled_bytes) == (3 * MB, MB, MB)

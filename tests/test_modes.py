@@ -132,10 +132,10 @@ def test_mlp_ordering_and_matmul_bound_steps_gain_little():
         # 4 x (mm + add + gelu) + sum = 13 ops a step; fused: 4 x fused[mm+add+gelu] + sum.
         assert tl["strict"].kernels == 3 * 13 and tl["fused"].kernels == 3 * 5
     # Small: dispatch-bound (13 x 15 us a step), fusion halves most of it. Big: 8192^3 matmuls bind the
-    # step and the 128 MB intermediates exceed VMEM (spilled), so fusion saves only launches and dispatch.
+    # step, so fusion saves little; its 128 MB intermediates stream through VMEM a tile at a time (no spill).
     assert step_s(small["fused"]) / step_s(small["strict"]) < 0.75
     assert step_s(big["fused"]) / step_s(big["strict"]) > 0.9
-    assert big["fused"].meta["fusion"].spilled_bytes > 0 and small["fused"].meta["fusion"].spilled_bytes == 0
+    assert big["fused"].meta["fusion"].spilled_bytes == 0 and small["fused"].meta["fusion"].spilled_bytes == 0
 
 
 def test_compile_cache_first_step_misses_later_steps_hit():

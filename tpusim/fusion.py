@@ -41,12 +41,15 @@ value read later (saved for backward, read by a collective or another kernel) or
 by the user when the window ends leaves the kernel: the user may read it (``.cpu()`` does not
 name the tensors it copies, so "held at the cut" is the safe test).
 
-**On-chip capacity.** The values kept on chip are bounded by ``chip.vmem_bytes`` (one
-TensorCore's VMEM): the kernel's peak of live on-chip values (from the op that writes one to
-its last reader inside the kernel) must fit. When it does not, the largest values spill:
-each spilled value's write and its reads inside the kernel are counted as HBM traffic. The
-kernel is not split, so its launch count stays; this is conservative (XLA tiles a fused
-kernel, so its real footprint is a tile, not whole tensors).
+**On-chip capacity.** XLA tiles a fused kernel: a value made and used inside it streams through
+VMEM a tile at a time and never needs room for the whole tensor. The exception is a reduction
+whose result is read inside the same kernel (``x / x.abs().amax()``, softmax, an int8 quantize):
+the kernel runs in phases, each reduction ending one, and a value read in a later phase than the
+one that made it (or an entering value read in two phases) must be held whole across the
+barrier. Held values must fit ``chip.vmem_bytes`` (one TensorCore's VMEM) together; when they do
+not, the largest go through HBM: a held intermediate's write and its reads, an entering value's
+read once more per later phase (``spilled_bytes``). The kernel is not split, so its launch count
+stays.
 
 **Memory records** of a window stay as close to their ops as the kernel order allows: an
 alloc goes just before the first kernel holding an op that followed it, a free just after
@@ -336,13 +339,18 @@ def _kernel(records: Sequence[Record], flow: _Dataflow, members: list[int], end:
     index = {p: i for i, p in enumerate(members)}
     produced = {flow.writes[(p, k)]: (index[p], k) for p in members for k in range(len(records[p].outputs))}
     leaving = {v for v in produced if flow.leaves(v, inside, end)}
-    last_read = {v: max([index[r] for r in flow.values[v].readers if r in inside], default=produced[v][0])
-                 for v in produced}
-    resident = {v for v in produced if v not in leaving or last_read[v] > produced[v][0]}
-    spilled = _spill(resident, produced, last_read, flow, chip.vmem_bytes)
-
+    phase = _phases(parts, [[flow.reads[(p, k)] for k in range(len(records[p].inputs))] for p in members], produced)
+    reader_phases: dict[int, set[int]] = {}
+    for p in members:
+        for k in range(len(records[p].inputs)):
+            reader_phases.setdefault(flow.reads[(p, k)], set()).add(phase[index[p]])
+    made_in = {v: phase[i] for v, (i, _) in produced.items()}
+    held = {v for v, phases in reader_phases.items()
+            if (max(phases) > made_in[v] if v in produced else len(phases) > 1)}
+    spilled = _spill(held, flow, chip.vmem_bytes)
     inputs: list[TensorMeta] = []
     entered: dict[int, int] = {}
+    entered_in: dict[int, set[int]] = {}            # entering value -> phases that read it from HBM
     wiring: list[tuple[tuple, ...]] = []
     internal = reused = spill_bytes = 0.0
     for p, part in zip(members, parts):
@@ -351,16 +359,20 @@ def _kernel(records: Sequence[Record], flow: _Dataflow, members: list[int], end:
             v = flow.reads[(p, k)]
             if v in produced:
                 wires.append(("op", *produced[v]))
-                if v in spilled:
+                if v in spilled and phase[index[p]] > made_in[v]:
                     spill_bytes += t.nbytes
                 else:
                     internal += t.nbytes
             else:
-                if v in entered:
-                    reused += t.nbytes
-                else:
+                if v not in entered:
                     entered[v] = len(inputs)
                     inputs.append(t)
+                    entered_in[v] = {phase[index[p]]}
+                elif v in spilled and phase[index[p]] not in entered_in[v]:
+                    entered_in[v].add(phase[index[p]])
+                    spill_bytes += t.nbytes
+                else:
+                    reused += t.nbytes
                 wires.append(("in", entered[v]))
         wiring.append(tuple(wires))
     outputs: list[TensorMeta] = []
@@ -393,19 +405,24 @@ def _kernel(records: Sequence[Record], flow: _Dataflow, members: list[int], end:
     return record, kept
 
 
-def _spill(resident: set[int], produced: dict[int, tuple[int, int]], last_read: dict[int, int],
-           flow: _Dataflow, capacity: int) -> set[int]:
-    """Values to count as HBM traffic so the peak of live on-chip values fits ``capacity``."""
+def _phases(parts: Sequence[OpRecord], reads: list[list[int]], produced: dict[int, tuple[int, int]]) -> list[int]:
+    """Each part's phase: how many in-kernel reductions must finish before it can run."""
+    phase: list[int] = []
+    for part_reads in reads:
+        phase.append(max((phase[produced[v][0]] + (role_of(parts[produced[v][0]]) == "reduction")
+                          for v in part_reads if v in produced), default=0))
+    return phase
+
+
+def _spill(held: set[int], flow: _Dataflow, capacity: int) -> set[int]:
+    """Held values (see the module docstring) to send through HBM, largest first, until the rest fit."""
     spilled: set[int] = set()
-    live = set(resident)
-    while live:
-        span = max(last_read[v] for v in live) + 1
-        peak = max(sum(flow.values[v].nbytes for v in live if produced[v][0] <= i <= last_read[v])
-                   for i in range(span))
-        if peak <= capacity:
+    live = sorted(held, key=lambda v: (-flow.values[v].nbytes, v))
+    total = sum(flow.values[v].nbytes for v in live)
+    for victim in live:
+        if total <= capacity:
             break
-        victim = max(sorted(live, key=lambda v: produced[v]), key=lambda v: flow.values[v].nbytes)
-        live.discard(victim)
+        total -= flow.values[victim].nbytes
         spilled.add(victim)
     return spilled
 

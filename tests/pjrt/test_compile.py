@@ -189,3 +189,24 @@ def test_tpusim_run_prices_a_compiled_model_in_shape_only_mode(tmp_path: object)
     assert report["complete"]
     fusion = report["modes"]["strict"]["fusion"]
     assert fusion["programs"] == 4 and 0 < fusion["program_kernels"] < fusion["program_ops"]
+
+
+def test_an_output_that_views_an_intermediate_is_written_where_its_readers_read() -> None:
+    # The graph returns y.t(), a view of y, which is not itself an output: the op that computes y writes
+    # the returned tensor's storage, so the eager op after the program reads what the program wrote.
+    from tpusim.trace import OpRecord
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2 + 1).t()
+
+    compiled = torch.compile(f, backend="tpu")
+    x = torch.randn(8, 16)
+    compiled(x.to("tpu"))                                        # compile outside the recording
+    with tb.recording() as rec:
+        got = compiled(x.to("tpu"))
+        after = got.exp()
+    torch.testing.assert_close(after.cpu(), f(x).exp())
+    ops = [r for r in rec.trace.records if isinstance(r, OpRecord)]
+    written = {t.storage for r in ops if r.program for t in r.outputs}
+    (reader,) = [r for r in ops if not r.program and r.op.startswith("aten::exp")]
+    assert reader.inputs[0].storage in written

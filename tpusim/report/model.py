@@ -68,10 +68,12 @@ when it compares a version 3 report with an older one::
                                ops (in eager windows), kernels, windows (Fused clusters), cuts {rule
                                that ended a cluster: count}, clusters_compiled (distinct clusters),
                                onchip_bytes (intermediate writes + reads kept on chip), reused_bytes,
-                               spilled_bytes (over VMEM, counted as HBM); programs (compiled-graph
+                               spilled_bytes (held across a reduction but over VMEM, counted as
+                               HBM); programs (compiled-graph
                                executions, each fused whole), program_ops, program_kernels
       hbm                      peak_bytes, capacity_bytes, peak_fraction
-      top_ops                  [{op, source, count, seconds, flops, bytes, bound}] by seconds
+      top_ops                  [{op, source, count, seconds, flops, bytes, bound, dtype}] by seconds
+                               (dtype: whose MXU peak a matmul kernel ran at, e.g. int8)
       collectives              [{seq, kind, bytes, group_size, axes, algorithm, reason,
                                  time_s (DES, in this run), closed_form_s (alone on an idle
                                  network), contention_s (DES minus closed form: time lost to
@@ -352,7 +354,7 @@ def compile_cache(timeline: Timeline) -> dict[str, Any] | None:
 
 def top_ops(timeline: Timeline) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str], dict[str, Any]] = defaultdict(
-        lambda: {"count": 0, "seconds": 0.0, "flops": 0.0, "bytes": 0.0, "bounds": defaultdict(float)})
+        lambda: {"count": 0, "seconds": 0.0, "flops": 0.0, "bytes": 0.0, "bounds": defaultdict(float), "dtype": ""})
     for event in timeline.events:
         if event.kind == "op":
             group = groups[(event.name, event.source)]
@@ -361,9 +363,10 @@ def top_ops(timeline: Timeline) -> list[dict[str, Any]]:
             group["flops"] += event.flops
             group["bytes"] += event.bytes
             group["bounds"][event.bound] += event.seconds
+            group["dtype"] = group["dtype"] or event.dtype
     entries = [{"op": name, "source": source, "count": g["count"], "seconds": g["seconds"],
                 "flops": g["flops"], "bytes": g["bytes"],
-                "bound": max(sorted(g["bounds"]), key=g["bounds"].__getitem__)}
+                "bound": max(sorted(g["bounds"]), key=g["bounds"].__getitem__), "dtype": g["dtype"]}
                for (name, source), g in groups.items()]
     entries.sort(key=lambda e: (-e["seconds"], e["op"], e["source"]))
     return entries[:TOP_OPS]

@@ -362,8 +362,11 @@ def budget_note(step: int, steps: int | None, max_records: int) -> str:
             f"TPUSIM_MAX_RECORDS or tpusim run --max-records, 0 for no limit)")
 
 
-def _optimizer_hook(optimizer: object, args: object, kwargs: object) -> None:
-    _mark_step()
+def _optimizer_hook(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+    """An optimizer step ends a training step only when it updates tpu parameters: a CPU model trained
+    beside the tpu one (a reference run, a teacher) is not the program's step."""
+    if any(p.device.type == "tpu" for group in optimizer.param_groups for p in group["params"]):
+        _mark_step()
 
 
 def start(meta: dict[str, object] | None = None, max_records: int | None = None) -> Recording:

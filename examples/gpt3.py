@@ -18,7 +18,8 @@ whole on one host). ``--int8`` runs every linear layer's matmul in int8 (``torch
 quantised per row, weights per output channel, a straight-through backward in the model's dtype); on
 row-parallel layers each rank quantises its own shard of the row, as a tensor-parallel int8 kernel does.
 ``--check``: every rank also trains the same model on CPU over the whole batch and compares the
-parameters after the last step (float matmuls only: int8 rounds per shard, see above).
+parameters after the last step (with ``--int8``, the CPU model quantises its row-parallel layers' rows in
+as many slices as there are tensor-parallel shards, so both round the same numbers).
 """
 
 from __future__ import annotations
@@ -50,46 +51,59 @@ PRESETS = {   # GPT-3 paper (Brown et al. 2020), table 2.1; vocab padded to a mu
 }
 
 
+def int8_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w.T with x's rows and w's output channels quantised to int8 (absmax scales), ``torch._int_mm``."""
+    sx = x.abs().amax(1, keepdim=True).clamp(min=1e-8) / 127
+    sw = w.abs().amax(1, keepdim=True).clamp(min=1e-8) / 127
+    qx = (x / sx).round().clamp(-127, 127).to(torch.int8)
+    qw = (w / sw).round().clamp(-127, 127).to(torch.int8)
+    return torch._int_mm(qx, qw.t()).to(x.dtype) * sx * sw.t()
+
+
 class Int8Matmul(torch.autograd.Function):
-    """x @ w.T with x quantised per row and w per output channel to int8, ``torch._int_mm`` in between;
+    """x @ w.T in int8, the contracted dimension quantised in ``groups`` slices with scales of their own (a
+    row-parallel layer's shards: each rank quantises its slice of the row; the all-reduce sums the slices);
     the backward is the float matmuls' (straight-through), as int8 training recipes do."""
 
     @staticmethod
-    def forward(ctx: object, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: object, x: torch.Tensor, w: torch.Tensor, groups: int = 1) -> torch.Tensor:
         ctx.save_for_backward(x, w)
         rows = x.reshape(-1, x.shape[-1])
-        sx = rows.abs().amax(1, keepdim=True).clamp(min=1e-8) / 127
-        sw = w.abs().amax(1, keepdim=True).clamp(min=1e-8) / 127
-        qx = (rows / sx).round().clamp(-127, 127).to(torch.int8)
-        qw = (w / sw).round().clamp(-127, 127).to(torch.int8)
-        out = torch._int_mm(qx, qw.t()).to(x.dtype) * sx * sw.t()
+        slices = [int8_matmul(xs, ws) for xs, ws in zip(rows.chunk(groups, 1), w.chunk(groups, 1), strict=True)]
+        out = slices[0] if groups == 1 else torch.stack(slices).sum(0)
         return out.reshape(*x.shape[:-1], w.shape[0])
 
     @staticmethod
-    def backward(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def backward(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         x, w = ctx.saved_tensors
         grad_x = grad @ w
         grad_w = grad.reshape(-1, grad.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
-        return grad_x, grad_w
+        return grad_x, grad_w, None
 
 
 class Linear(nn.Linear):
-    """nn.Linear without bias whose matmul is int8 when ``int8`` (tensor-parallel styles accept it: a Linear)."""
+    """nn.Linear without bias whose matmul is int8 when ``int8`` (tensor-parallel styles accept it: a Linear).
+    ``k_groups``: on one device, quantise the input dimension in that many slices, as ``k_groups``
+    row-parallel shards do (``--check``'s CPU reference of a tensor-parallel int8 model)."""
 
     def __init__(self, d_in: int, d_out: int, int8: bool = False) -> None:
         super().__init__(d_in, d_out, bias=False)
         self.int8 = int8
+        self.k_groups = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.int8:
             return F.linear(x, self.weight)
         if not isinstance(self.weight, DTensor):
-            return Int8Matmul.apply(x, self.weight)
+            return Int8Matmul.apply(x, self.weight, self.k_groups)
         # local int8 matmul on this rank's shards; the result's placement is what the float matmul's would be
         w = self.weight
-        local_x = x.to_local() if isinstance(x, DTensor) else x
+        column_parallel = w.placements[0] == Shard(0)
+        # x's gradient on a column-parallel rank is its shard of the sum over the output columns: Partial
+        grads = (Partial(),) if column_parallel else None
+        local_x = x.to_local(grad_placements=grads) if isinstance(x, DTensor) else x
         out = Int8Matmul.apply(local_x, w.to_local())
-        placement = Shard(out.ndim - 1) if w.placements[0] == Shard(0) else Partial()
+        placement = Shard(out.ndim - 1) if column_parallel else Partial()
         return DTensor.from_local(out, w.device_mesh, (placement,), run_check=False)
 
 
@@ -244,6 +258,8 @@ def main() -> None:
     torch.manual_seed(0)
     if args.check:
         reference = build().to(dtype)
+        for block in reference.blocks:      # int8: quantise as the row-parallel shards do
+            block.attention.out.k_groups = block.mlp.down.k_groups = tp
         init_weights(reference)
         load_full(model, reference)
     else:

@@ -97,3 +97,14 @@ def test_public_collective_and_meta_api() -> None:
     mul, add = rec.trace.of_kind(OpRecord)
     assert coll[0].inputs[0].id == mul.outputs[0].id == add.inputs[0].id
     assert rec.trace.meta.placement == "dp=x"
+
+
+def test_an_optimizer_of_cpu_parameters_does_not_end_a_step() -> None:
+    # A CPU reference model trained beside the tpu one (examples/gpt3.py --check) marks no tpu step.
+    on_tpu, on_cpu = nn.Linear(4, 4).to("tpu"), nn.Linear(4, 4)
+    tpu_opt, cpu_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (on_tpu, on_cpu))
+    with tb.recording() as rec:
+        for model, opt in ((on_tpu, tpu_opt), (on_cpu, cpu_opt), (on_tpu, tpu_opt)):
+            model(torch.ones(2, 4, device=next(model.parameters()).device)).sum().backward()
+            opt.step()
+    assert [s.step for s in rec.trace.of_kind(StepMarker)] == [1, 2]

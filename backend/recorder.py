@@ -23,7 +23,11 @@ program.
 
 The record budget (``TPUSIM_MAX_RECORDS``, ``tpusim run --max-records``): a long-running script's trace
 grows about 1 KiB a record, so once a step ends with the budget reached the recorder stops storing
-(``_stop_storing``), counts the steps after, and the report prices the steps recorded with a note.
+(``_stop_storing``), counts the steps after, and the report prices the steps recorded with a note. A
+recording that has marked no step yet has no step to stop at: it stops at the drain that reaches the budget
+(``_drain``), its trace cut to exactly the budget (a prefix of the program). Ops the shim runs natively log
+without calling Python, so while no step is marked ``_watch_budget`` drains every ``WATCH_S`` from a thread
+(nothing per op).
 
 Tensor ids: a tensor is identified by (storage id, offset, shape, strides): two Python objects
 viewing the same bytes the same way are the same tensor for dataflow purposes.
@@ -84,7 +88,10 @@ class Recording:
     programs: int = 0               # compiled-program executions recorded (OpRecord.program numbers)
     synthetic_storages: int = 0     # storages of values that never leave a compiled program
     max_records: int = 0            # the record budget (TPUSIM_MAX_RECORDS; 0: none): see _over_budget
-    stopped_after_step: int | None = None   # the budget stopped storing after this step (steps counts on)
+    stopped_after_step: int | None = None   # the budget stopped storing after this step (steps counts on;
+    #                                         0: before any step, the trace a prefix of the program)
+    kept: int | None = None         # the records the trace keeps once the budget stopped storing
+    done: threading.Event = field(default_factory=threading.Event)   # set at stop: the budget's watcher ends
 
 
 _ACTIVE: Recording | None = None
@@ -134,10 +141,13 @@ def _drain(rec: Recording) -> None:
     """Append the shim's log (backend/csrc/record.cpp) since the last drain, its records made there as
     ``_op_record`` would make them (costs without a shaped rule from ``costs.counted_cost``, asked once per
     signature); call with ``rec.lock`` held."""
-    new, records = STATE.shim.record_drain(len(rec.records))
+    before = len(rec.records)
+    new, records = STATE.shim.record_drain(before)
     if new:
         rec.metas += new
     rec.records += records
+    if not rec.steps and 0 < rec.max_records <= len(rec.records) and rec.kept is None:
+        _stop_storing(rec, max(before, rec.max_records))     # no step to stop at: cut inside what was drained
 
 
 def _flatten(out: object, acc: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -330,10 +340,12 @@ def _mark_step() -> None:
     with rec.lock:
         _drain(rec)
         rec.steps += 1
+        if rec.kept is not None:    # that drain reached the budget before this first step: counted only
+            return
         rec.records.append(StepMarker(len(rec.records), rec.steps, source))
         full = _over_budget(rec)
     if full:
-        _stop_storing(rec)
+        _stop_storing(rec, len(rec.records))
 
 
 def _over_budget(rec: Recording) -> bool:
@@ -343,23 +355,48 @@ def _over_budget(rec: Recording) -> bool:
     return 0 < rec.max_records <= len(rec.records)
 
 
-def _stop_storing(rec: Recording) -> None:
+def _stop_storing(rec: Recording, kept: int) -> None:
     """Stop recording for good (the device's log too) but keep counting steps; the script runs on with
-    the same numerics, since recording never changes a value."""
+    the same numerics, since recording never changes a value. The trace keeps its first ``kept`` records
+    (a caller inside ``rec.lock`` may still append its own after the drain that stopped: left out)."""
     global _ACTIVE, _FULL
+    runs_on = STATE.recording                   # False when ``stop``'s last drain reached the budget
     STATE.recording = False
     STATE.shim.record_stop()
     rec.stopped_after_step = rec.steps
+    rec.kept = kept
+    del rec.records[kept:]
     _ACTIVE, _FULL = None, rec
-    print(f"tpusim: {budget_note(rec.stopped_after_step, None, rec.max_records)}; the script runs on",
-          file=sys.stderr, flush=True)
+    print(f"tpusim: {budget_note(rec.stopped_after_step, None, rec.max_records, kept)}"
+          f"{'; the script runs on' if runs_on else ''}", file=sys.stderr, flush=True)
 
 
-def budget_note(step: int, steps: int | None, max_records: int) -> str:
-    """The words users see in the summary, report.json and on stderr when the budget stopped recording."""
-    of = f" of {steps}" if steps is not None else ""
-    return (f"recording stopped after step {step}{of} (record budget {max_records:,} records; raise it with "
-            f"TPUSIM_MAX_RECORDS or tpusim run --max-records, 0 for no limit)")
+def budget_note(step: int, steps: int | None, max_records: int, records: int = 0) -> str:
+    """The words users see in the summary, report.json and on stderr when the budget stopped recording
+    after step ``step`` of ``steps`` (None: not known yet); ``step`` 0: before any step, after ``records``."""
+    budget = (f"record budget {max_records:,} records; raise it with TPUSIM_MAX_RECORDS or tpusim run "
+              f"--max-records, 0 for no limit")
+    if step:
+        of = f" of {steps}" if steps is not None else ""
+        return f"recording stopped after step {step}{of} ({budget})"
+    why = ("no step marked yet" if steps is None else "the script marks no steps" if not steps
+           else f"before the first of the {steps:,} steps the script marked")
+    return (f"recording stopped after {records:,} records ({why}: the report prices the program's first "
+            f"{records:,} records, not the whole program; {budget})")
+
+
+WATCH_S = 0.25      # how often a recording with no step yet drains the shim's log to check its budget
+
+
+def _watch_budget(rec: Recording) -> None:
+    """Drain every ``WATCH_S`` until the first step (then steps are the boundaries) or the end: ops the shim
+    runs natively never call Python, so without this the log of a script that marks no steps would grow
+    unchecked until ``stop``."""
+    while not rec.done.wait(WATCH_S):
+        with rec.lock:
+            if rec.steps or rec.kept is not None or _ACTIVE is not rec:
+                return
+            _drain(rec)
 
 
 def _optimizer_hook(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
@@ -371,7 +408,8 @@ def _optimizer_hook(optimizer: torch.optim.Optimizer, args: object, kwargs: obje
 
 def start(meta: dict[str, object] | None = None, max_records: int | None = None) -> Recording:
     """Start recording; ``max_records`` is the record budget (None: TPUSIM_MAX_RECORDS or its default;
-    0: no limit): once a step ends with that many records, recording stops and only steps are counted."""
+    0: no limit): once a step ends with that many records, recording stops and only steps are counted; before
+    any step, recording stops at exactly that many records."""
     global _ACTIVE, _HOOK_HANDLE
     if _ACTIVE is not None or _FULL is not None:
         raise RuntimeError("tpusim: a recording is already active; nest no recordings")
@@ -383,6 +421,8 @@ def start(meta: dict[str, object] | None = None, max_records: int | None = None)
     _HOOK_HANDLE = register_optimizer_step_post_hook(_optimizer_hook)
     _ACTIVE = rec
     STATE.recording = True
+    if budget:
+        threading.Thread(target=_watch_budget, args=(rec,), name="tpusim-record-budget", daemon=True).start()
     return rec
 
 
@@ -392,6 +432,7 @@ def stop() -> Trace:
     if rec is None:
         raise RuntimeError("tpusim: no recording is active")
     STATE.recording = False
+    rec.done.set()                               # the budget's watcher (if any) ends
     if _ACTIVE is not None:
         with rec.lock:
             _drain(rec)
@@ -406,7 +447,7 @@ def stop() -> Trace:
     meta = meta.replace(**rec.meta.set_fields())  # what layers above set wins
     for source in _META_SOURCES:                 # e.g. torch.compile's breaks and recompiles (backend/compile.py)
         meta = meta.replace(**source())
-    records = rec.records
+    records = rec.records if rec.kept is None else rec.records[:rec.kept]
     numbered = all(r.seq == i for i, r in enumerate(records))   # as made: then no copy of each record
     rec.trace = Trace(records=tuple(records) if numbered else renumber(records), world_size=1, rank=0, meta=meta)
     return rec.trace

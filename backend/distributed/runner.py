@@ -11,15 +11,19 @@ import dataclasses
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tpusim.backend.distributed import install
+from tpusim.backend.distributed import budget, install
 from tpusim.backend.distributed.env import torchrun_env
 from tpusim.backend.distributed.launcher import launch
 from tpusim.backend.state import STATE
 
 from tpusim.errors import TpusimError
 from tpusim.script import ScriptOutcome
-from tpusim.trace import CollectiveRecord, Trace, TraceMeta, read_trace, renumber
+from tpusim.trace import CollectiveRecord, StepMarker, Trace, TraceMeta, read_trace, renumber
+
+if TYPE_CHECKING:
+    from tpusim.report.model import RecordingStopped
 
 MAX_ALL = 16
 _USES_DIST = re.compile(r"torch\.distributed|init_process_group|DistributedDataParallel|fully_shard|DeviceMesh|"
@@ -43,31 +47,42 @@ def prepare_one(world: int, chips_per_host: int) -> None:
     install()                               # the "tpusim" backend and the launch-time patches
 
 
-def record_all(script: Path, argv: list[str], world: int, chips_per_host: int,
-               out_dir: Path) -> tuple[Trace, ScriptOutcome]:
-    """--ranks all: one process per rank, each with this process's device config; their traces merged
-    into one multi-rank trace."""
+def record_all(script: Path, argv: list[str], world: int, chips_per_host: int, out_dir: Path,
+               max_records: int | None = None) -> tuple[Trace, ScriptOutcome, RecordingStopped | None]:
+    """--ranks all: one process per rank, each with this process's device config (and ``max_records``, the
+    record budget, when given); their traces merged into one multi-rank trace, with where the budget
+    stopped the ranks (budget.py), if it did."""
     ranks_dir = out_dir / "ranks"
-    result = launch(script, argv, world, chips_per_host, ranks_dir, env=STATE.config.env())
-    traces = [read_trace(p) for p in result.traces if p.is_file()]
+    env = STATE.config.env() | ({} if max_records is None else {"TPUSIM_MAX_RECORDS": str(max_records)})
+    result = launch(script, argv, world, chips_per_host, ranks_dir, env=env)
+    present = [p for p in result.traces if p.is_file()]
+    traces = [read_trace(p) for p in present]
+    stops, rank_budget = budget.read_stops(present)
+    stopped = None
+    if stops:                               # priced to the step every rank recorded (budget.py: why)
+        steps = max([s.steps for s in stops] + [sum(isinstance(r, StepMarker) for r in t.records) for t in traces])
+        after_step = min(s.after_step for s in stops)
+        traces = [budget.cut_to_step(t, after_step) for t in traces]
     dropped = 0
-    if not result.ok:                       # stopped part-way: price the collectives every rank reached
+    if not result.ok or stops:              # stopped part-way: price the collectives every rank reached
         traces, dropped = common_prefix(traces, world)
     records = [r for t in traces for r in t.records]
+    if stops:
+        stopped = budget.merged_stop(stops, after_step, steps, rank_budget, len(records))
     meta = (traces[0].meta if traces else TraceMeta()).replace(ranks="all",
                                                                 ranks_recorded=tuple(t.rank for t in traces))
     trace = Trace(records=renumber(records), world_size=world, rank=0, meta=meta)
     if result.ok:
-        return trace, ScriptOutcome(exit_code=0)
+        return trace, ScriptOutcome(exit_code=0), stopped
     summary = result.summary()
     if dropped:
         summary += (f"\n(the report covers what every rank reached: {dropped} records after the last collective "
                     f"all ranks called are left out)")
     if result.interrupted:                  # reported as Ctrl-C during the script (exit 130, the partial report)
-        return trace, ScriptOutcome(exit_code=130, error=summary + "\n", error_type="KeyboardInterrupt")
+        return trace, ScriptOutcome(exit_code=130, error=summary + "\n", error_type="KeyboardInterrupt"), stopped
     kind = "CollectiveMismatchError" if result.diagnosis else "RankCrashed"
     code = max((c for c in result.exit_codes if c > 0), default=1)
-    return trace, ScriptOutcome(exit_code=code, error=summary + "\n", error_type=kind)
+    return trace, ScriptOutcome(exit_code=code, error=summary + "\n", error_type=kind), stopped
 
 
 def common_prefix(traces: list[Trace], world: int) -> tuple[list[Trace], int]:

@@ -17,7 +17,7 @@ import sys
 
 import torch  # noqa: F401  (before tpusim.backend: the device registers at `import torch`)
 import tpusim.backend as backend
-from tpusim.backend.distributed import process_group
+from tpusim.backend.distributed import budget, process_group
 
 from tpusim.script import run_script
 from tpusim.trace import Trace, write_trace
@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     trace = rec.trace
     records = tuple(dataclasses.replace(r, rank=rank) for r in trace.records)
     write_trace(Trace(records=records, world_size=world, rank=rank, meta=trace.meta), args.trace)
+    budget.stop_path(args.trace).unlink(missing_ok=True)     # none from an earlier run into the same folder
+    if rec.stopped_after_step is not None:                   # the record budget stopped this rank: for the merge
+        budget.write_stop(args.trace, rank, rec.stopped_after_step, rec.steps, len(records), rec.max_records)
     control = process_group.CONTROL
     if outcome.error_type == "CollectiveMismatchError":
         if os.environ.get("TPUSIM_LAUNCHED"):

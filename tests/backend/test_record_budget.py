@@ -68,10 +68,10 @@ def test_budget_reached_exactly_at_a_step_end_stops_there() -> None:
 
 
 def test_budget_comes_from_the_environment_and_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TPUSIM_MAX_RECORDS", "1e1")
-    with tb.recording() as rec:
+    monkeypatch.setenv("TPUSIM_MAX_RECORDS", "1e2")      # above one step's records: a budget below them stops
+    with tb.recording() as rec:                          # before the first step (test_record_budget_nostep.py)
         _train("tpu", 3)
-    assert rec.max_records == 10 and rec.stopped_after_step == 1
+    assert rec.max_records == 100 and rec.stopped_after_step == 2
     monkeypatch.delenv("TPUSIM_MAX_RECORDS")
     assert envvars.read("TPUSIM_MAX_RECORDS") == envvars.MAX_RECORDS_DEFAULT
     for bad in ("lots", "-5", "1.5", "1e400"):
@@ -101,12 +101,12 @@ def test_tpusim_run_prices_the_recorded_steps_and_says_where_it_stopped(tmp_path
     path = tmp_path / "train.py"
     path.write_text(SCRIPT)
     out = tmp_path / "out"
-    result = subprocess.run([sys.executable, "-m", "tpusim", "run", str(path), "--quiet", "--max-records", "20",
+    result = subprocess.run([sys.executable, "-m", "tpusim", "run", str(path), "--quiet", "--max-records", "60",
                              "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     report = json.loads((out / "report.json").read_text())
     stopped = report["recording_stopped"]
-    assert stopped["steps"] == 5 and stopped["max_records"] == 20 and 1 <= stopped["after_step"] < 5
+    assert stopped["steps"] == 5 and stopped["max_records"] == 60 and 1 <= stopped["after_step"] < 5
     assert stopped["note"].startswith(f"recording stopped after step {stopped['after_step']} of 5")
     assert report["program"]["steps"] == stopped["after_step"]
     assert report["modes"]["strict"]["steps"]["count"] == stopped["after_step"]

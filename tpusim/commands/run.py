@@ -97,8 +97,9 @@ def add_parser(subparsers) -> None:
                              "the report then gives tokens/s per chip and per slice")
     parser.add_argument("--max-records", type=_max_records, metavar="N",
                         help="record budget: once a step ends with N records recorded, recording stops (the "
-                             "script runs on; the report prices the steps recorded and says so); default "
-                             "TPUSIM_MAX_RECORDS or 6e5 (under 2 GB), 0: no limit")
+                             "script runs on; the report prices the steps recorded and says so); before any "
+                             "step, it stops at exactly N records (the report prices that prefix); per rank "
+                             "with --ranks all; default TPUSIM_MAX_RECORDS or 6e5 (under 2 GB), 0: no limit")
     add_fault_arguments(parser)
     parser.set_defaults(run=run, script_args=[])
 
@@ -192,11 +193,12 @@ def _record_and_report(args: argparse.Namespace, script: Path, modes: list[str],
     from tpusim.script import run_script
     ranks = runner.resolve_ranks(args.ranks, slice_.total_chips, script)
     started = time.perf_counter()
-    budget_stop = None                       # set when the record budget stopped recording (--ranks one)
+    budget_stop = None                       # set when the record budget stopped recording
     if ranks == "all":
         progress.say(f"--ranks all: {slice_.total_chips} processes, one per chip")
-        trace, outcome = runner.record_all(script, list(args.script_args), slice_.total_chips,
-                                           slice_.chip.chips_per_host, out_dir)
+        trace, outcome, budget_stop = runner.record_all(script, list(args.script_args), slice_.total_chips,
+                                                        slice_.chip.chips_per_host, out_dir,
+                                                        getattr(args, "max_records", None))
     else:
         runner.prepare_one(slice_.total_chips, slice_.chip.chips_per_host)
         with backend.recording(max_records=getattr(args, "max_records", None)) as recorder:
@@ -239,7 +241,8 @@ def _budget_stop(recorder):
     if recorder.stopped_after_step is None:
         return None
     return RecordingStopped(recorder.stopped_after_step, recorder.steps, recorder.max_records,
-                            budget_note(recorder.stopped_after_step, recorder.steps, recorder.max_records))
+                            budget_note(recorder.stopped_after_step, recorder.steps, recorder.max_records,
+                                        recorder.kept), recorder.kept)
 
 
 def _jax_device(args: argparse.Namespace, progress: Progress) -> JaxDevice:

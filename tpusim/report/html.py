@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tpusim.report.model import incomplete_reason
-from tpusim.report.summary import mode_rows, warmup_lines
+from tpusim.report.summary import budget_line, mode_rows, recorded_prefix, warmup_lines
 from tpusim.report.text import percent_text, seconds_text
 from tpusim.units import format_bytes
 
@@ -107,9 +107,8 @@ def render_html(report: dict[str, Any], figures: dict[str, Path]) -> str:
         traceback = (report.get("error") or {}).get("traceback")
         parts.append(f"<p class='bad'><b>Incomplete:</b> {html.escape(reason)}; the numbers cover what ran "
                      f"before.</p>" + (f"<pre>{html.escape(traceback)}</pre>" if traceback else ""))
-    if report.get("recording_stopped"):          # the record budget (TPUSIM_MAX_RECORDS, --max-records)
-        parts.append(f"<p class='bad'><b>Recording stopped:</b> {html.escape(report['recording_stopped']['note'])};"
-                     " the figures are the recorded steps'</p>")
+    if budget_line(report):                      # the record budget (TPUSIM_MAX_RECORDS, --max-records)
+        parts.append(f"<p class='bad'><b>Recording stopped:</b> {html.escape(budget_line(report))}</p>")
     if report["slice"].get("shape_note"):
         parts.append(f"<p class='bad'><b>Slice shape:</b> {html.escape(report['slice']['shape_note'])}</p>")
     parts.append("<div class='cards'>" + "".join(f"<div class='card'>{html.escape(k)}<b>{html.escape(str(v))}</b>"
@@ -127,7 +126,8 @@ def render_html(report: dict[str, Any], figures: dict[str, Path]) -> str:
     names = list(modes)
     parts.append("<h2>Eager modes</h2>" + _section(
         "every figure per mode (the terminal summary's rows)",
-        _table(["", *names], [[label, *values] for label, values in mode_rows(modes, names)]), open_=True))
+        _table(["", *names], [[label, *values] for label, values in mode_rows(modes, names, recorded_prefix(report))]),
+        open_=True))
     if report.get("measured"):
         parts.append(measured_html(report["measured"]))
     for name, title in (("modes", "Step time per mode"), ("breakdown", "Time breakdown"),

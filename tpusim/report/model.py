@@ -24,8 +24,11 @@ when it compares a version 3 report with an older one::
     interrupted                null, or what Ctrl-C stopped: {script, pricing (true/false), not_priced
                                [modes asked for but not priced]}; the report covers what was done before
     recording_stopped          null, or the record budget stopped recording (TPUSIM_MAX_RECORDS, --max-records):
-                               {after_step, steps (all the script ran, counted after the stop too),
-                               max_records, note (in words)}; every mode prices the steps recorded only
+                               {after_step (0: before any step: the trace is the program's first `records`
+                               records, "whole program (partial)"), steps (all the script ran, counted after
+                               the stop too), records (the trace kept), max_records, note (in words), ranks
+                               (--ranks all: [{rank, after_step, steps, records}] per rank the budget
+                               stopped; [] otherwise)}; every mode prices what was recorded only
     run                        script, argv, tpusim_version, torch_version, chip, topology,
                                world_size, modes, numerics, target, tokens_per_step (--tokens-per-step; null)
     chip                       name, display_name and the peaks the report compares against
@@ -148,14 +151,27 @@ class Interrupted:
 
 
 @dataclass(frozen=True)
+class RankStopped:
+    """Where the record budget stopped one rank of a --ranks all run (its own budget, its own records)."""
+
+    rank: int
+    after_step: int                     # 0: before its first step
+    steps: int
+    records: int
+
+
+@dataclass(frozen=True)
 class RecordingStopped:
     """The record budget stopped recording after step ``after_step`` of the ``steps`` the script ran
-    (report.json's ``recording_stopped``); ``note`` is the sentence users read."""
+    (report.json's ``recording_stopped``); ``after_step`` 0: before any step, so the trace is a prefix
+    of the program; ``note`` is the sentence users read; ``ranks``: --ranks all's stops."""
 
     after_step: int
     steps: int
     max_records: int
     note: str
+    records: int = 0                    # the records the trace kept (every rank's, merged)
+    ranks: tuple[RankStopped, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,9 @@ def _chips(n: int) -> str:
     return f"{n} chip" + ("" if n == 1 else "s")
 
 
-def step_rows(modes: dict[str, Any], names: list[str]) -> list[tuple[str, list[str]]]:
-    """Steps, warm-up and the steady-state median; a run without steps says so."""
+def step_rows(modes: dict[str, Any], names: list[str], partial: bool = False) -> list[tuple[str, list[str]]]:
+    """Steps, warm-up and the steady-state median; a run without steps says so; ``partial``: the record budget
+    cut the trace before any step, so the "whole program" priced is only its recorded prefix."""
     def median(m: str) -> str:
         return seconds_text(modes[m]["step_time_median_s"]) if _steps(modes[m])["count"] else "no steps"
 
@@ -45,8 +46,23 @@ def step_rows(modes: dict[str, Any], names: list[str]) -> list[tuple[str, list[s
         ("steps (warm-up)", [f"{_steps(modes[m])['count']} ({_steps(modes[m])['warmup']})" for m in names]),
         ("step time (median)", [median(m) for m in names]),     # of the steady-state steps
         ("first step", [seconds_text(modes[m]["first_step_s"]) for m in names]),
-        ("whole program", [seconds_text(modes[m]["total_s"]) for m in names]),
+        ("whole program (partial)" if partial else "whole program", [seconds_text(modes[m]["total_s"]) for m in names]),
     ]
+
+
+def recorded_prefix(report: dict[str, Any]) -> bool:
+    """Did the record budget stop recording before any step (the trace only a prefix of the program)?"""
+    stopped = report.get("recording_stopped")
+    return bool(stopped) and not stopped["after_step"]
+
+
+def budget_line(report: dict[str, Any]) -> str | None:
+    """The record budget's note with what the figures then cover (summary and report.html), else None."""
+    stopped = report.get("recording_stopped")
+    if not stopped:
+        return None
+    covered = "the recorded prefix's, not the whole program's" if recorded_prefix(report) else "the recorded steps'"
+    return f"{stopped['note']}; the figures are {covered}"
 
 
 def headline_rows(modes: dict[str, Any], names: list[str]) -> list[tuple[str, list[str]]]:
@@ -63,10 +79,10 @@ def headline_rows(modes: dict[str, Any], names: list[str]) -> list[tuple[str, li
     return rows
 
 
-def mode_rows(modes: dict[str, Any], names: list[str]) -> list[tuple[str, list[str]]]:
+def mode_rows(modes: dict[str, Any], names: list[str], partial: bool = False) -> list[tuple[str, list[str]]]:
     """Every row of the per-mode table, as text: the terminal summary and report.html show the same rows."""
     return [
-        *step_rows(modes, names),
+        *step_rows(modes, names, partial),
         *headline_rows(modes, names),
         ("kernels", [str(modes[m]["kernels"]) for m in names]),
         ("host dispatch", [seconds_text(modes[m]["host_s"]["dispatch"]) for m in names]),
@@ -86,7 +102,7 @@ def mode_rows(modes: dict[str, Any], names: list[str]) -> list[tuple[str, list[s
 def summary_table(report: dict[str, Any], out_dir: str) -> str:
     run, modes = report["run"], report["modes"]
     names = list(modes)
-    rows = mode_rows(modes, names)
+    rows = mode_rows(modes, names, recorded_prefix(report))
     program = report["program"]
     ranks = program.get("ranks_recorded", 1)
     per_rank = f" per rank ({ranks} ranks recorded)" if ranks > 1 else ""
@@ -97,8 +113,8 @@ def summary_table(report: dict[str, Any], out_dir: str) -> str:
              f"{steps}{per_rank}"]
     if report["slice"].get("shape_note"):
         lines.append(f"warning: {report['slice']['shape_note']}")
-    if report.get("recording_stopped"):          # the record budget: the columns price the steps recorded
-        lines.append(f"note: {report['recording_stopped']['note']}; the figures are the recorded steps'")
+    if budget_line(report):                      # the record budget: the columns price what was recorded
+        lines.append(f"note: {budget_line(report)}")
     lines += _columns(names, rows) if names else ["no eager mode was priced"]
     lines += warmup_lines(modes)
     lines += verdict_lines(modes)

@@ -17,7 +17,8 @@ Two ways to run a world (``TPUSIM_RANKS``, set by ``tpusim run --ranks``):
   collective is fingerprinted across ranks first (hang.py).
 
 Map: process_group.py (the ProcessGroup: every collective), numerics.py (the --ranks one rule),
-transport.py (gloo), hang.py (fingerprints, diagnosis), emit.py (trace records, mesh layouts),
+transport.py (gloo), p2p.py (isend/irecv: messages that complete when both sides posted them),
+hang.py (fingerprints, diagnosis), emit.py (trace records, mesh layouts),
 launcher.py (one process per rank, output by rank, crash handling), worker.py (a rank's process),
 env.py (torchrun-style environment from the topology).
 """

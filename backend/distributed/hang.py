@@ -16,14 +16,17 @@ waits for the other members' fingerprints. Then:
   after ``TPUSIM_HANG_TIMEOUT_S`` (default 300 s).
 
 Point-to-point ops (send, recv, isend, irecv) are fingerprinted the same way, per message: the n-th
-send from rank a to rank b with a tag meets the n-th recv at b from a with that tag (``exchange``).
-Each side publishes its call and waits for the other's before gloo moves the data, so a send
-nobody receives (the receiver went on to a collective that needs the sender: a wait cycle), a recv
-from a rank that finished or crashed, and sides that disagree on shape or dtype stop with one
-message naming the unmatched call, instead of gloo blocking until its timeout or failing with
-"Connection closed by peer". (The tpusim process group runs isend/irecv to completion at the
-call, as gloo's send does: a pattern that needs a posted isend to complete later is a deadlock
-here and is reported as one.)
+send from rank a to rank b with a tag in a process group meets the n-th recv at b from a with that tag
+in that group (as in gloo, whose messages are per group). Each side publishes its call when it is
+made (``publish``) and its data moves only once the other side's call is there and agrees
+(``counterpart``; p2p.py posts it to gloo then). A message completes when both
+sides have posted it, not at the call, so the ring pattern (each rank isends to the next, irecvs from
+the previous, then waits both) runs. Only when a rank blocks (``block``: a work's wait(), which
+dist.send and dist.recv do at once) is it diagnosed: a send nobody receives (the receiver waits in a
+collective, or in its own send, that needs the sender: a wait cycle), a recv from a rank that finished
+or crashed, and sides that disagree on shape or dtype stop with one message naming the unmatched
+call, instead of gloo blocking until its timeout or failing with "Connection closed by peer". While a
+rank waits in a collective or a message, its posted messages keep moving (``Control.tick``).
 
 The first diagnosis is also written to the store key ``diagnosis`` so the launcher prints it once.
 """
@@ -33,13 +36,10 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
-import torch
 import torch.distributed as dist
-from tpusim.backend.source import user_source
 
 from tpusim import envvars
 
@@ -69,6 +69,7 @@ class Call:
     rank: int
     peer: int = -1                      # send/recv: the other side's global rank
     tag: int = 0                        # send/recv: the message tag
+    nonblocking: bool = False           # send/recv: isend/irecv (named so in messages)
 
     @property
     def p2p(self) -> bool:
@@ -87,7 +88,8 @@ class Call:
         if self.p2p:
             side = "to" if self.kind == "send" else "from"
             tag = [f"tag {self.tag}"] if self.tag else []
-            return f"{self.kind}({', '.join(parts + tag)}) {side} rank {self.peer} at {where}"
+            name = f"i{self.kind}" if self.nonblocking else self.kind
+            return f"{name}({', '.join(parts + tag)}) {side} rank {self.peer} at {where}"
         parts += [self.op] if self.op else []
         parts += [f"root {self.root}"] if self.root >= 0 else []
         return f"{self.kind}({', '.join(parts)}) at {where}"
@@ -105,7 +107,7 @@ class Call:
     def key(self, side: str | None = None) -> str:
         """The store key of a send/recv's fingerprint (``side``: "send" or "recv"; default: this call's)."""
         src, dst = self.channel()
-        return f"p2p/{src}>{dst}/{self.tag}/{self.seq}/{side or self.kind}"
+        return f"p2p/{self.group_name}/{src}>{dst}/{self.tag}/{self.seq}/{side or self.kind}"
 
     def counterpart(self) -> str:
         """The store key the other side of this send/recv publishes."""
@@ -163,7 +165,9 @@ class Control:
         self.timeout_s = envvars.read("TPUSIM_HANG_TIMEOUT_S")
         self.grace_s = envvars.read("TPUSIM_HANG_GRACE_S")
         self.last: Call | None = None
-        self._messages: dict[tuple[int, int, int], int] = {}    # (src, dst, tag) -> messages so far
+        self.tick: Callable[[], None] | None = None              # moves posted messages on while blocked (p2p.py)
+        self._messages: dict[tuple[str, int, int, int], int] = {}   # (group, src, dst, tag) -> messages so far
+        self._exited_at: dict[int, float] = {}                    # peer -> when it was first seen exited
 
     # -- status --------------------------------------------------------------------------------------
     def set_status(self, state: str, detail: str = "") -> None:
@@ -199,6 +203,8 @@ class Control:
         noted = False
         sleep = POLL_S
         while not self.store.check(keys):
+            if self.tick is not None:
+                self.tick()
             now = time.monotonic()
             if now >= next_status:
                 next_status = now + STATUS_EVERY_S
@@ -218,15 +224,31 @@ class Control:
         return any(r in blocked and not self.store.check([f"{base}/{i}"]) for i, r in enumerate(other.group))
 
     # -- one point-to-point message ------------------------------------------------------------------
-    @contextmanager
-    def exchange(self, call: Call) -> Iterator[Call]:
-        """Publish this side of a send/recv, wait for the other side's and compare; the data moves inside
-        the ``with`` block (this rank reads as blocked in the call until it ends)."""
+    def publish(self, call: Call) -> Call:
+        """Publish this side of a send/recv at its call; returns it numbered on its channel (``seq``)."""
         src, dst = call.channel()
-        n = self._messages.get((src, dst, call.tag), 0)
-        self._messages[(src, dst, call.tag)] = n + 1
+        n = self._messages.get((call.group_name, src, dst, call.tag), 0)
+        self._messages[(call.group_name, src, dst, call.tag)] = n + 1
         call = replace(call, seq=n)
         self.store.set(call.key(), call.dumps())
+        self.last = call
+        return call
+
+    def counterpart(self, call: Call) -> Call | None:
+        """The other side of a published send/recv once it is there (None before); raises when it disagrees."""
+        if not self.store.check([call.counterpart()]):
+            return None
+        other = Call.loads(self.store.get(call.counterpart()))
+        if other.signature() != call.signature():
+            send, recv = (call, other) if call.kind == "send" else (other, call)
+            raise self.fail(f"tpusim: point-to-point mismatch at {call.where()}: rank {send.rank} sends "
+                            f"{send.describe()} but rank {recv.rank} receives {recv.describe()} (the two sides "
+                            f"must agree on shape and dtype)")
+        return other
+
+    def block(self, call: Call, done: Callable[[], bool]) -> None:
+        """Wait in a published send/recv until ``done()`` (the data has moved), reading as blocked in it;
+        raise when the other side never comes (its rank finished, crashed, or waits on this one)."""
         self.last = call
         self.set_status("blocked", call.dumps())
         began = time.monotonic()
@@ -234,23 +256,54 @@ class Control:
         stuck_since: dict[int, tuple[str, float]] = {}
         noted = False
         sleep = POLL_S
-        while not self.store.check([call.counterpart()]):
-            now = time.monotonic()
-            if now >= next_status:
-                next_status = now + STATUS_EVERY_S
-                noted = self._check_peer(call, stuck_since, now, began, noted)
-            time.sleep(sleep)
-            sleep = min(sleep * 1.5, 0.05)
-        other = Call.loads(self.store.get(call.counterpart()))
-        if other.signature() != call.signature():
-            send, recv = (call, other) if call.kind == "send" else (other, call)
-            raise self.fail(f"tpusim: point-to-point mismatch at {call.where()}: rank {send.rank} sends "
-                            f"{send.describe()} but rank {recv.rank} receives {recv.describe()} (the two sides "
-                            f"must agree on shape and dtype)")
         try:
-            yield call
+            while True:
+                if self.tick is not None:
+                    self.tick()
+                if done():
+                    return
+                now = time.monotonic()
+                if now >= next_status:
+                    next_status = now + STATUS_EVERY_S
+                    if self.store.check([call.counterpart()]):
+                        self._check_posted_peer(call, now, began)
+                    else:
+                        noted = self._check_peer(call, stuck_since, now, began, noted)
+                time.sleep(sleep)
+                sleep = min(sleep * 1.5, 0.05)
         finally:
             self.set_status("running")
+
+    def _check_posted_peer(self, call: Call, now: float, began: float) -> None:
+        """One look at the peer of a matched message still moving (its rank posts it at its next call or
+        wait): stop when that rank is gone, or after the hang timeout."""
+        if self.store.check(["diagnosis"]):
+            raise self.fail(self.store.get("diagnosis").decode())
+        if self.status_of(call.peer)["state"] == "exited":
+            gone = self._exited_at.setdefault(call.peer, now)
+            if now - gone < self.grace_s:      # its data may still be on the way
+                return
+        text = self.peer_gone(call)
+        if text:
+            raise self.fail(text)
+        if now - began > self.timeout_s:
+            raise self.fail(f"tpusim: rank {call.peer} called its side of rank {call.rank}'s {call.describe()} "
+                            f"({call.where()}) but did not move it within {self.timeout_s:.0f} s (it posts the message "
+                            f"at its next torch.distributed call or wait(); TPUSIM_HANG_TIMEOUT_S sets the limit)")
+
+    def peer_gone(self, call: Call) -> str:
+        """Why the other side of a matched send/recv will never move it ("" while its rank is alive)."""
+        st = self.status_of(call.peer)
+        if st["state"] == "crashed":
+            return (f"tpusim: rank {call.peer} crashed ({st['detail']}); rank {call.rank} waits in "
+                    f"{call.describe()} ({call.where()}) and was stopped")
+        if st["state"] == "failed":
+            return st["detail"]
+        if st["state"] == "exited":
+            return (f"tpusim: rank {call.peer} finished the script before its side of rank {call.rank}'s "
+                    f"{call.describe()} ({call.where()}) moved: it never waited for that message (call "
+                    f"wait() on the work its isend/irecv returned, or destroy_process_group(), before the script ends)")
+        return ""
 
     def _check_peer(self, call: Call, stuck_since: dict, now: float, began: float, noted: bool) -> bool:
         """One look at the peer of a send/recv that has not arrived; raise when it never will."""
@@ -344,15 +397,3 @@ class Control:
                   file=sys.stderr, flush=True)
             return True
         return noted
-
-
-def message(control: Control | None, kind: str, tensors: list[torch.Tensor], me: int, peer: int,
-            tag: int) -> AbstractContextManager:
-    """The ``with`` block a send or recv (``kind``) of ``me`` with ``peer`` (global ranks) runs in: matched
-    with the other side first under ``--ranks all`` (``Control.exchange``), nothing otherwise."""
-    if control is None:
-        return nullcontext()
-    dtype = str(tensors[0].dtype).removeprefix("torch.") if tensors else ""
-    call = Call(kind, tuple(tuple(t.shape) for t in tensors), dtype, "", -1, user_source(), tuple(sorted((me, peer))),
-                "p2p", 0, me, peer, int(tag))
-    return control.exchange(call)

@@ -8,7 +8,9 @@ A Python ``dist.ProcessGroup`` subclass (torch's PyProcessGroup trampoline), cre
    DeviceMesh dimension when the group is one, reduction, async, the user's source line);
 3. compute the result: ``--ranks one`` by the symmetry rule (numerics.py), ``--ranks all`` over
    gloo (transport.py); nothing in shape-only mode (TPUSIM_NUMERICS=off);
-4. return an already-completed Work (the simulator, not this process, models overlap).
+4. return an already-completed Work (the simulator, not this process, models overlap); send/recv
+   (c10d's isend/irecv) under ``--ranks all`` return a Work that completes when both sides have
+   posted the message (p2p.py), so posted rings complete.
 
 Asynchronous in the trace (``async_op``: the simulator runs it on ICI beside later compute, and the first
 device op that reads or writes its buffers waits for it) when the caller passed ``async_op=True`` or
@@ -17,7 +19,10 @@ gradient reduce-scatters synchronously on its own streams, asynchronous to the c
 only waits for them (an event) where it reads the gathered parameters.
 
 Collective -> trace kind: gather and scatter are priced as all_gather (same bytes into/out of
-the root); send/recv as ``permute`` on the pair (``--ranks one`` records the send side only).
+the root); send/recv as ``permute`` on the group (sender, receiver), so the simulator pairs a send with
+the recv of the same direction (``--ranks one`` records the send side only), async
+(overlapping compute until a device op touches the buffer) when made by isend/irecv or
+batch_isend_irecv, synchronous when made by the blocking dist.send/dist.recv.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
-from tpusim.backend.distributed import emit, hang, numerics
+from tpusim.backend.distributed import emit, numerics, p2p
 from tpusim.backend.distributed.hang import Call, Control
 from tpusim.backend.distributed.transport import Gloo
 from tpusim.backend.source import user_source
@@ -151,7 +156,8 @@ class TpusimProcessGroup(dist.ProcessGroup):
             CONTROL.arrive(Call(kind, tuple(tuple(t.shape) for t in inputs), dtype, op, root, source,
                                 self.global_ranks, self._name, self.seq, self.global_ranks[self._rank]),
                            self._size)
-        self.seq += 1
+        if check:                               # the group's collectives, numbered; a send/recv involves two ranks only
+            self.seq += 1
         async_op = async_op or _on_side_stream(inputs or outputs)
         if record:
             recorded_group = () if self.is_world and group is None else members
@@ -330,20 +336,35 @@ class TpusimProcessGroup(dist.ProcessGroup):
     def barrier(self, opts: object = None) -> dist.Work:
         return self._call("barrier", [], [], None, None, lambda h: self.gloo.barrier(), nbytes=0)
 
+    def shutdown(self) -> None:
+        """destroy_process_group: the messages of this group not yet waited for move (or are diagnosed) first."""
+        p2p.drain(self._name)
+
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> dist.Work:
-        me, peer = self.global_ranks[self._rank], self.global_ranks[dst]
-        with hang.message(CONTROL if self.mode == "all" else None, "send", tensors, me, peer, tag):  # hang.py
-            return self._call("send", tensors, [], tensors, None,
-                              lambda h: [self.gloo.send(h(t), dst, tag) for t in tensors],
-                              record_kind="permute", group=tuple(sorted((me, peer))), check=False)
+        return self._message("send", tensors, dst, tag)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> dist.Work:
-        me, peer = self.global_ranks[self._rank], self.global_ranks[src]
-        with hang.message(CONTROL if self.mode == "all" else None, "recv", tensors, me, peer, tag):  # hang.py
-            return self._call("recv", [], tensors, tensors, None,
-                              lambda h: [self.gloo.recv(h(t), src, tag) for t in tensors],
-                              record_kind="permute", group=tuple(sorted((me, peer))), check=False,
-                              record=self.mode == "all", nbytes=sum(t.numel() * t.element_size() for t in tensors))
+        return self._message("recv", tensors, src, tag)
+
+    def _message(self, kind: str, tensors: list[torch.Tensor], peer: int, tag: int) -> dist.Work:
+        """One send or recv (c10d's isend/irecv; dist.send/recv wait on it at once): recorded as a permute on
+        the pair, async unless dist.send/recv made it; under ``--ranks all`` a message that completes when
+        both sides have posted it (p2p.py)."""
+        if len(tensors) != 1:
+            raise ValueError(f"tpusim: {kind} takes one tensor (torch.distributed passes one); got {len(tensors)}")
+        me, other = self.global_ranks[self._rank], self.global_ranks[peer]
+        blocking = p2p.blocking_call()
+        inputs, outputs = (tensors, []) if kind == "send" else ([], tensors)
+        channel = (me, other) if kind == "send" else (other, me)     # (sender, receiver): the simulator pairs
+        self._call(kind, inputs, outputs, tensors, None, None, record_kind="permute",  # each side's n-th on it
+                   group=channel, check=False, async_op=not blocking,
+                   record=kind == "send" or self.mode == "all",
+                   nbytes=sum(t.numel() * t.element_size() for t in tensors))
+        if self.mode != "all" or CONTROL is None or self.gloo is None:
+            return _done(tensors)
+        gloo = self.gloo if STATE.numerics else None
+        return p2p.message(CONTROL, kind, tensors[0], _host(tensors[0]), me, other, peer, tag, gloo, self._name,
+                           nonblocking=not blocking)
 
 
 def _async(opts: object) -> bool:

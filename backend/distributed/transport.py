@@ -81,13 +81,14 @@ class Gloo:
         _wait(self.pg.scatter([staging], [[t.contiguous() for t in ins]] if self.rank == root else [], opts))
         out.copy_(staging)
 
-    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
-        _wait(self.pg.send([tensor.contiguous()], dst, tag))
+    # -- point to point: posted, not waited (p2p.py waits; gloo moves the data once both sides posted) --
+    def post_send(self, tensor: torch.Tensor, dst: int, tag: int) -> dist.Work:
+        """Post ``tensor`` (contiguous, kept alive by the caller until the work completes) to group rank ``dst``."""
+        return self.pg.send([tensor], dst, tag)
 
-    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> None:
-        staging = torch.empty_like(tensor)
-        _wait(self.pg.recv([staging], src, tag))
-        tensor.copy_(staging)
+    def post_recv(self, tensor: torch.Tensor, src: int, tag: int) -> dist.Work:
+        """Post a receive into ``tensor`` (contiguous) from group rank ``src``."""
+        return self.pg.recv([tensor], src, tag)
 
     def barrier(self) -> None:
         _wait(self.pg.barrier(c10d.BarrierOptions()))

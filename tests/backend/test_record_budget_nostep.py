@@ -135,6 +135,7 @@ def test_tpusim_run_of_a_script_without_steps_reports_the_partial_program(tmp_pa
     assert sum(1 for _ in (out / "program.jsonl").open()) == BUDGET + 1          # a header, then the prefix
     assert f"note: {note}; the figures are the recorded prefix's, not the whole program's" in result.stdout
     assert "whole program (partial)" in result.stdout
+    assert "no steps marked, so over the recorded start of the program (the record budget stopped it)" in result.stdout
     page = (out / "report.html").read_text()
     assert html.escape(note) in page and "whole program (partial)" in page
     assert f"result {_infer('cpu', 300).sum().item()!r}" in result.stdout     # the script ran on, exactly

@@ -72,8 +72,10 @@ def steady_compile_s(timeline: Timeline, steps: Steps) -> float:
 
 
 def headline(timeline: Timeline, trace: Trace, chip: ChipSpec, steps: Steps, step_device: dict[str, float],
-             world_size: int, tokens_per_step: int | None, warning_codes: set[str]) -> dict[str, Any]:
-    """report.json ``modes.<mode>.headline`` (see the module docstring)."""
+             world_size: int, tokens_per_step: int | None, warning_codes: set[str], *,
+             prefix: bool = False) -> dict[str, Any]:
+    """report.json ``modes.<mode>.headline`` (see the module docstring); ``prefix``: the trace is only the
+    program's start (the record budget stopped it before any step)."""
     chips = max(1, len(timeline.chips_simulated))
     step_s = steps.steady_median_s if steps.count else None
     window = steps.steady_end_s - steps.steady_start_s
@@ -94,7 +96,8 @@ def headline(timeline: Timeline, trace: Trace, chip: ChipSpec, steps: Steps, ste
     if not any(e.kind == "op" for e in timeline.events):     # an idle device is bound by nothing
         bound, levers, line = None, [], "nothing ran on the device (no kernels): no bound to report"
     elif not steps.count:
-        line = f"no steps marked, so over the whole program: {line}"
+        span = "the recorded start of the program (the record budget stopped it)" if prefix else "the whole program"
+        line = f"no steps marked, so over {span}: {line}"
     return {
         "step_s": step_s,
         "tokens_per_step": tokens_per_step,

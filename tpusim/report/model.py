@@ -215,7 +215,8 @@ def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str
         "chip": chip_summary(chip),
         "slice": slice_.to_dict(),
         "program": program_summary(trace),
-        "modes": {mode: mode_report(timeline, trace, slice_, info.tokens_per_step, codes)
+        "modes": {mode: mode_report(timeline, trace, slice_, info.tokens_per_step, codes,
+                                    prefix=info.recording_stopped is not None and not info.recording_stopped.after_step)
                   for mode, timeline in timelines.items()},
         "warnings": [asdict(w) for w in warnings],
     }
@@ -281,8 +282,9 @@ def program_summary(trace: Trace) -> dict[str, Any]:
 
 
 def mode_report(timeline: Timeline, trace: Trace, slice_: Slice, tokens_per_step: int | None = None,
-                warning_codes: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """One mode's section: steps split into warm-up and steady state, the headline numbers, the tables."""
+                warning_codes: frozenset[str] = frozenset(), *, prefix: bool = False) -> dict[str, Any]:
+    """One mode's section: steps split into warm-up and steady state, the headline numbers, the tables.
+    ``prefix``: the record budget stopped recording before any step (the trace is the program's start)."""
     chip = slice_.chip
     chips = max(1, len(timeline.chips_simulated))
     steps = split_steps(timeline)
@@ -291,7 +293,8 @@ def mode_report(timeline: Timeline, trace: Trace, slice_: Slice, tokens_per_step
     steady = (device_split(timeline, steps.steady_start_s, steps.steady_end_s, steps.steady)
               if steps.count else device)
     calls = [collective_entry(run) for run in timeline.collectives]
-    head = headline(timeline, trace, chip, steps, steady, slice_.total_chips, tokens_per_step, set(warning_codes))
+    head = headline(timeline, trace, chip, steps, steady, slice_.total_chips, tokens_per_step, set(warning_codes),
+                    prefix=prefix)
     return {
         "total_s": timeline.total_s,
         "steps_s": [s.seconds for s in timeline.steps],

@@ -3,7 +3,10 @@
 Plain torch.distributed, written for torchrun; on the simulated slice:
 
     python -m tpusim run examples/gpt3.py --topology 2d:2x2 --ranks all -- --check        # exact, vs CPU
-    python -m tpusim run examples/gpt3.py --topology 3d:8x8x8 --numerics off -- --preset 175b --int8
+    python -m tpusim run examples/gpt3.py --topology 3d:8x8x8 --numerics off -- --preset 175b --int8 --checkpoint
+
+(175B at 2 sequences per fsdp rank needs ``--checkpoint`` to fit a v5p's 95 GiB: without it the run stops
+with the simulated chip's out-of-memory error, as a real one would; ``--batch 1`` fits without.)
 
 The parallel plan is torchtitan's: on mesh dim "tp", q/k/v and the first MLP layer are
 column-parallel, the attention output and the second MLP layer row-parallel with their outputs

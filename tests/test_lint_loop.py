@@ -72,3 +72,18 @@ def test_recompiles_count_only_the_same_op_inside_the_loop():
 def test_a_sync_in_one_step_only_is_not_a_loop_habit():
     records = [sync("t.py:5"), StepMarker(0, 0), StepMarker(0, 1), StepMarker(0, 2)]   # e.g. a first-step check
     assert [w for w in lint(Trace(renumber(records)), CHIP) if w.code == "host-sync"] == []
+
+
+def test_hbm_lint_tells_a_full_chip_from_one_near_capacity():
+    from tpusim.lint import hbm_near_capacity
+    from tpusim.trace import MemoryRecord
+
+    def findings(nbytes: int) -> list:
+        trace = Trace(renumber([MemoryRecord(0, "alloc", 1, nbytes)]))
+        return hbm_near_capacity(trace, CHIP, price(trace, topology=build_slice("3d:1x1x1", "v5p"), mode="strict"))
+
+    assert findings(int(0.5 * CHIP.hbm_bytes)) == []
+    (near, _), = findings(int(0.95 * CHIP.hbm_bytes))
+    assert "95% of the v5p's 95 GiB: little headroom for larger batches" in near
+    (full, _), = findings(CHIP.hbm_bytes)          # what an out-of-memory run leaves: the chip full
+    assert "100% of the v5p's 95 GiB: full: smaller batches, activation checkpointing" in full

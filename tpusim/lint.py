@@ -124,8 +124,11 @@ def _padding_hint(op: str, k: int, n: int, chip: ChipSpec) -> str:
 def hbm_near_capacity(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
     if timeline is None or timeline.peak_hbm_bytes < HBM_NEAR_CAPACITY * chip.hbm_bytes:
         return []
+    full = timeline.peak_hbm_bytes >= chip.hbm_bytes      # the allocation past it failed: the script's OOM
+    advice = ("full: smaller batches, activation checkpointing or more sharding would fit" if full
+              else "little headroom for larger batches")
     return [(f"HBM peak {timeline.peak_hbm_bytes / 2**30:.1f} GiB is {timeline.peak_hbm_bytes / chip.hbm_bytes:.0%} "
-             f"of the {chip.name}'s {chip.hbm_bytes / 2**30:.0f} GiB: little headroom for larger batches", "")]
+             f"of the {chip.name}'s {chip.hbm_bytes / 2**30:.0f} GiB: {advice}", "")]
 
 
 def recompilations(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:

@@ -1,7 +1,7 @@
 """The tpu device's settings: one typed ``DeviceConfig``, handed over by a caller or read from the environment.
 
 A caller that knows what it wants (``tpusim run``) builds a ``DeviceConfig`` and hands it to
-``tpusim.backend.configure(config)`` before the first tensor on the device (the chip is the
+``tpusim.backend.configure(config)`` while no tensor lives on the device (the chip is the
 ``ChipSpec`` itself, so a chip loaded from any TOML file works). A plain ``python script.py`` or
 torchrun user sets environment variables instead, read once, at import, by ``load_config``:
 

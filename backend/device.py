@@ -6,12 +6,14 @@ device up at import); Dynamo/Inductor are taken over lazily (backend/compiler.py
 execution target is chosen last (backend/targets/), once the shim it may listen to is in place.
 
 ``register()`` runs at import with the environment's config (backend/config.py ``load_config``);
-``configure(config)`` (``tpusim.backend.configure``) applies a caller's config instead, before
-the first tensor on the device. The device's one eager-mode listener is here too: a change of
+``configure(config)`` (``tpusim.backend.configure``) applies a caller's config instead, while no
+tensor lives on the device. The device's one eager-mode listener is here too: a change of
 mode reaches debug mode first (backend/debug.py), then the held target.
 """
 
 from __future__ import annotations
+
+import gc
 
 import torch
 import torch.distributed as dist
@@ -63,9 +65,9 @@ def register(config: DeviceConfig | None = None) -> None:
 
 
 def configure(config: DeviceConfig) -> None:
-    """Use ``config`` for the tpu device from now on (``tpusim.backend.configure``). Call it before the
-    first tensor on the device: registration at import used the environment (TPUSIM_*), and memory
-    already allocated cannot change chip, device count or numerics."""
+    """Use ``config`` for the tpu device from now on (``tpusim.backend.configure``). Call it while no tensor
+    lives on the device: registration at import used the environment (TPUSIM_*), and live memory cannot
+    change chip, device count or numerics (once all of it is freed, it can: tests of several chips)."""
     if not isinstance(config, DeviceConfig):
         raise TpusimError(f"tpusim.backend.configure() takes a DeviceConfig (tpusim.backend.config), "
                           f"not {type(config).__name__}")
@@ -73,10 +75,11 @@ def configure(config: DeviceConfig) -> None:
         register(config)
         return
     if config != STATE.config:
-        if _used():
-            raise TpusimError("tpusim.backend.configure() must come before the first tensor on the tpu device "
-                              "(memory is already allocated with the config it was made with); call it right "
-                              "after importing the backend, or set the TPUSIM_* variables before the program runs")
+        if _live():
+            raise TpusimError("tpusim.backend.configure() must come while no tensor lives on the tpu device "
+                              "(live memory was allocated with the config it was made with); call it right "
+                              "after importing the backend or once its tensors are freed, or set the TPUSIM_* "
+                              "variables before the program runs")
         _apply(STATE.shim, config)
     if config.eager_mode is not None:
         eager.set_eager_mode(config.eager_mode)      # the listener applies it to debug mode and the target
@@ -93,9 +96,13 @@ def _apply(module: object, cfg: DeviceConfig) -> None:
     STATE.default_generators = tuple(module.default_generator(i) for i in range(cfg.device_count))
 
 
-def _used() -> bool:
-    """Whether any device memory was allocated yet."""
-    return any(STATE.shim.stats(i)["allocations"] for i in range(STATE.shim.device_count()))
+def _live() -> bool:
+    """Whether any device memory is still allocated (after collecting garbage: tensors in dead cycles)."""
+    def live() -> bool:
+        return any(STATE.shim.stats(i)["live_blocks"] for i in range(STATE.shim.device_count()))
+    if live():
+        gc.collect()
+    return live()
 
 
 def _mode_changed(old: str, new: str) -> None:

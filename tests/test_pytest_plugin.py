@@ -122,3 +122,28 @@ def test_unknown_chip(tpu):
     result.assert_outcomes(errors=2)
     result.stdout.fnmatch_lines(["*unknown option(s) chips; accepted: chip, topology, mode, numerics*",
                                  "*@pytest.mark.tpu(chip='v99'): *v99*"])
+
+
+@pytest.mark.slow      # a fresh pytest that imports torch and the tpu device: ~10-20 s on 2 busy cores
+def test_tests_of_different_chips_share_one_pytest_process(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_chips='''
+import pytest, torch
+KEEP = []
+@pytest.mark.tpu(chip="v5e", topology="2d:2x2")
+def test_v5e(tpu):
+    assert torch.tpu.get_device_name() == "TPU v5e" and tpu.topology == (2, 2)
+    tpu.assert_cpu_equal(lambda a: a * 2, torch.ones(3))
+@pytest.mark.tpu(chip="v5p", topology="3d:2x2x2", numerics="off")
+def test_v5p_shape_only(tpu):
+    assert torch.tpu.get_device_name() == "TPU v5p" and tpu.topology == (2, 2, 2) and not tpu.numerics
+@pytest.mark.tpu(chip="v6e")
+def test_keeps_a_tensor(tpu):
+    KEEP.append(torch.ones(2, device="tpu"))
+@pytest.mark.tpu(chip="v5e")
+def test_after_a_kept_tensor(tpu):
+    pass
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA")
+    result.assert_outcomes(passed=3, errors=1)
+    result.stdout.fnmatch_lines(["*(v6e, numerics on) is still alive (a module-level variable or a session fixture "
+                                 "holds it)*", "ERROR test_chips.py::test_after_a_kept_tensor*"])

@@ -71,10 +71,18 @@ def test_configure_takes_a_chip_from_any_file_before_the_first_tensor(python: ob
         try:
             tb.configure(tb.DeviceConfig(chip=load_chip("v5e")))
         except Exception as err:
-            print(type(err).__name__, "before the first tensor" in str(err))
+            print(type(err).__name__, "while no tensor lives" in str(err))
+        del x                                                        # nothing lives: another chip may take over
+        v5e = tb.load_config(chip=load_chip("v5e"), numerics=False)
+        tb.configure(v5e)
+        y = torch.ones(3, device="tpu") * 2
+        print(torch.tpu.get_device_name(), torch.tpu.device_count() == v5e.device_count,
+              torch.tpu.mem_get_info()[1], y.device)
     """)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["2 TPU mine True", "my_chip 2", "TpusimError True"]
+    v5e = load_chip("v5e")
+    assert proc.stdout.splitlines() == ["2 TPU mine True", "my_chip 2", "TpusimError True",
+                                        f"{v5e.display_name} True {v5e.hbm_bytes} tpu:0"]
 
 
 def test_a_worker_reads_its_config_from_one_variable(python: object, chip_file: Path) -> None:

@@ -5,7 +5,7 @@ run where tpusim is installed).
   with the simulated "tpu" device configured so; ``tpu.assert_cpu_equal(fn, *args)`` runs ``fn`` on CPU and
   on "tpu" and asserts equal results (``torch.testing.assert_close``).
 - ``tpusim_run(script, *args, topology=..., chip=..., mode=...)``: the script run by ``tpusim run`` in a fresh
-  process (a different chip per run is possible there, not in one process), returning a ``RunReport`` with
+  process, returning a ``RunReport`` with
   step time, HBM peak and lint findings for budget assertions; ``report.assert_budgets(...)`` fails with the
   same words as ``tpusim check`` (tpusim/testing/budgets.py).
 
@@ -141,8 +141,8 @@ def _options_text(options: dict[str, Any]) -> str:
 
 
 def _configure(options: dict[str, Any]) -> TpuDevice:
-    """The backend configured for ``options`` (only what they change: another chip or numerics once tensors
-    exist is refused by tpusim.backend.configure, with the reason)."""
+    """The backend configured for ``options`` (only what they change: another chip or numerics while an
+    earlier test's tensor lives is refused by tpusim.backend.configure, with the reason)."""
     import torch
 
     import tpusim.backend as backend
@@ -152,22 +152,23 @@ def _configure(options: dict[str, Any]) -> TpuDevice:
     from tpusim.topology import build_slice, load_chip_arg
 
     current = STATE.config
-    numerics = options.get("numerics", "on" if current.numerics else "off")
+    default = backend.load_config()          # what the environment asks for: a test's marker leaves the rest so
+    numerics = options.get("numerics", "on" if default.numerics else "off")
     if numerics not in ("on", "off", True, False):
         raise TpusimError(f"numerics={numerics!r}; accepted: 'on', 'off'")
     numerics = numerics in ("on", True)
-    chip = load_chip_arg(options["chip"]) if options.get("chip") else current.chip
-    topology = current.topology
+    chip = load_chip_arg(options["chip"]) if options.get("chip") else default.chip
+    topology = default.topology if chip.name == default.chip.name else None
     if options.get("topology"):
         topology = tuple(build_slice(options["topology"], chip=chip.name).dims)
     if (chip.name, numerics, topology) != (current.chip.name, current.numerics, current.topology):
         try:
             backend.configure(backend.load_config(chip=chip, numerics=numerics, topology=topology))
         except TpusimError as error:
-            raise TpusimError(f"{error}. This pytest process already uses the tpu device as "
-                              f"{current.chip.name} (numerics {'on' if current.numerics else 'off'}); run tests "
-                              f"for another chip or numerics in their own pytest process (-k/-m), or price "
-                              f"them with the tpusim_run fixture") from None
+            raise TpusimError(f"{error}. A tensor an earlier test made on the tpu device ({current.chip.name}, "
+                              f"numerics {'on' if current.numerics else 'off'}) is still alive (a module-level "
+                              f"variable or a session fixture holds it): free it, run this test in its own "
+                              f"pytest process (-k/-m), or price it with the tpusim_run fixture") from None
     mode = get_mode(options["mode"]).name if options.get("mode") else eager.get_eager_mode()
     return TpuDevice(chip=chip.name, mode=mode, numerics=numerics, topology=topology, device=torch.device("tpu"))
 

@@ -12,28 +12,35 @@ reduce_scatter     this rank's chunk of its own input, reduced as all_reduce (su
 all_to_all         this rank's chunk addressed to itself, in every peer's slot
 gather / scatter   gather: this rank's input in every slot (on the root); scatter: the root's
                    list entry for this rank when this rank is the root, else unchanged
-send / recv        send: nothing; recv: the buffer is left unchanged
+send / recv        send: nothing; recv from rank r-d: what this rank itself sent to rank r+d
+                   (same tag, the k-th recv gets the k-th send), else zeros (Mirror)
 barrier            nothing
 =================  =====================================================================
 
 Exact when the data really is replicated (DDP with the same batch on every rank, broadcast,
 the all-reduce of replicated values). Not reference-correct when ranks hold different data:
 gathers of shards (FSDP parameters, tensor-parallel activations), reduce-scatters and
-all-reduces of per-rank gradients, all-to-alls and receives. ``SHARD_DEPENDENT`` lists the kinds
-whose results are never reference-correct unless every shard is equal; the report names them.
+all-reduces of per-rank gradients, all-to-alls and receives (exact in a ring of equal tensors).
+``SHARD_DEPENDENT`` lists the kinds whose results are never reference-correct unless every shard is
+equal; the report names them.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import torch
 
 SHARD_DEPENDENT = ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter", "recv")
 DATA_DEPENDENT = ("all_reduce", "reduce")   # exact only if every rank's input is the same
+RECV_WHY = ("exact only if the sender holds what this rank sent in the matching exchange (it is this rank's own "
+            "send, as in a ring; zeros when it made none)")
 
 RULE = ("--ranks one: this process is rank 0 of the whole world and every peer is assumed to hold the "
         "same tensor as rank 0 (all_reduce sum = n*x, avg = x; all_gather = rank 0's shard in every "
         "slot; reduce_scatter = n * rank 0's own chunk; all_to_all = rank 0's chunk for itself in "
-        "every slot; recv leaves its buffer unchanged). Values that depend on other ranks' data are "
+        "every slot; recv from rank s = what rank 0 itself sent to rank n-s, its matching send in a ring, else "
+        "zeros). Values that depend on other ranks' data are "
         "therefore not reference-correct; shapes, dtypes and every priced byte are.")
 
 
@@ -68,3 +75,45 @@ def all_to_all_into(out: torch.Tensor, inp: torch.Tensor, rank: int, n: int,
     for slot in outs:
         if slot.shape == mine.shape:
             slot.copy_(mine)
+
+
+class Mirror:
+    """The rule for point-to-point messages: rank r's k-th recv from rank r-d with tag t is the translate
+    (by -d) of rank r+d's k-th recv from r, so under the rule it gets what rank r sent in its k-th send to
+    rank r+d with tag t (offsets modulo the group size). A ring (each rank sends to the next, receives from
+    the previous) is thereby exact when every rank sends the same tensor. A recv whose matching send has
+    another shape or dtype, or was never made, gets zeros: a definite value, never uninitialised memory.
+
+    Sends are copied at the call (what leaves is what the caller passed); at most ``KEEP`` copies wait per
+    channel for their recv, older ones are dropped (their recv gets zeros), so a rank that only sends (the
+    first pipeline stage) does not accumulate them."""
+
+    KEEP = 8
+
+    def __init__(self) -> None:
+        self._sent: dict[tuple, OrderedDict[int, torch.Tensor]] = {}   # channel -> send number -> copy
+        self._count: dict[tuple[str, tuple], int] = {}                  # (side, channel) -> calls so far
+
+    def _next(self, side: str, channel: tuple) -> int:
+        n = self._count.get((side, channel), 0)
+        self._count[(side, channel)] = n + 1
+        return n
+
+    def send(self, channel: tuple, host: torch.Tensor) -> None:
+        """Keep a copy of the k-th send on ``channel`` (offset to the peer, tag)."""
+        kept = self._sent.setdefault(channel, OrderedDict())
+        kept[self._next("send", channel)] = host.clone(memory_format=torch.contiguous_format)
+        while len(kept) > self.KEEP:
+            kept.popitem(last=False)
+
+    def recv(self, channel: tuple) -> int:
+        """Number the recv on ``channel``; ``fill`` with that number gives its value."""
+        return self._next("recv", channel)
+
+    def fill(self, channel: tuple, number: int, target: torch.Tensor) -> None:
+        """target <- the matching send's copy when there is one of its shape and dtype, else zeros."""
+        match = self._sent.get(channel, OrderedDict()).pop(number, None)
+        if match is not None and match.shape == target.shape and match.dtype == target.dtype:
+            target.copy_(match)
+        else:
+            target.zero_()

@@ -13,11 +13,16 @@ send and recv of the tpusim process group is a message here:
    gloo moves the data, and a thread per message waits on gloo's work (gloo's send and recv works
    only complete inside their ``wait()``, so they cannot be polled);
 3. it completes at its ``wait()`` (``Control.block``: a send nobody receives is diagnosed there), which
-   fills a recv's tensor from the staging buffer gloo wrote.
+   fills a recv's tensor from the staging buffer gloo wrote; messages never waited for are waited at
+   ``destroy_process_group()`` (``drain``) or, without it, at the rank's normal exit (``drain_all``,
+   worker.py), so a message is never dropped silently.
 
 So the ring that pipeline parallelism and ring attention post each step (every rank isends to the next,
 irecvs from the previous, then waits both) completes, and a real deadlock is still reported, once a
 rank blocks.
+
+Under ``--ranks one`` (no peers run) a recv follows the symmetry rule instead (``mirrored``, numerics.Mirror):
+it gets what this rank itself sent in the matching exchange, filled at its ``wait()`` as above.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.futures import Future
+from tpusim.backend.distributed import numerics
 from tpusim.backend.distributed.hang import Call, Control
 from tpusim.backend.distributed.transport import Gloo
 from tpusim.backend.source import user_source
@@ -174,6 +180,15 @@ def drain(group_name: str) -> None:
         _OUTBOX.drain(group_name)
 
 
+def drain_all() -> None:
+    """Finish every open message of this process (a rank's normal exit: the script ended without waiting for
+    them or calling destroy_process_group()); one whose peer never posts is diagnosed as at any wait().
+    Nothing to do, and nothing contacted, when no message was sent."""
+    if _OUTBOX is not None:
+        for m in list(_OUTBOX.open):
+            _OUTBOX.wait(m)
+
+
 def outbox(control: Control) -> Outbox:
     """This process's outbox (one for every group: a wait in any group moves them all)."""
     global _OUTBOX
@@ -196,3 +211,45 @@ def message(control: Control, kind: str, tensor: torch.Tensor, host: torch.Tenso
         return outbox(control).add(Message(call, gloo, group_peer, host.clone(memory_format=torch.contiguous_format)))
     staging = torch.empty(host.shape, dtype=host.dtype)
     return outbox(control).add(Message(call, gloo, group_peer, staging, target=host))
+
+
+# -- --ranks one: the symmetry rule ------------------------------------------------------------------------------
+
+class MirroredRecv(dist.Work):
+    """A ``--ranks one`` recv's Work: its tensor is filled by the rule at the first wait() (as a real recv is
+    filled when it completes), so a matching send this rank makes after the irecv (a ring in the other
+    order) still counts."""
+
+    def __init__(self, mirror: numerics.Mirror, channel: tuple, number: int, target: torch.Tensor) -> None:
+        super().__init__()
+        self.mirror, self.channel, self.number, self.target = mirror, channel, number, target
+        self.filled = False
+
+    def wait(self, timeout: object = None) -> bool:
+        if not self.filled:
+            self.mirror.fill(self.channel, self.number, self.target)
+            self.filled = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self.wait()
+
+    def is_success(self) -> bool:
+        return self.wait()
+
+    def get_future(self) -> Future:
+        self.wait()
+        fut: Future = Future()
+        fut.set_result([self.target])
+        return fut
+
+
+def mirrored(mirror: numerics.Mirror, kind: str, host: torch.Tensor, channel: tuple) -> dist.Work | None:
+    """``--ranks one``: a send (``host``: its tensor's host alias) is kept in the group's ``mirror`` for the
+    recv that mirrors it (None returned: it is complete); a recv returns the Work that fills ``host`` at
+    wait(). ``channel``: (offset to the peer in the group's ranks modulo its size: the peer is ahead for a
+    send, behind for a recv; tag)."""
+    if kind == "send":
+        mirror.send(channel, host)
+        return None
+    return MirroredRecv(mirror, channel, mirror.recv(channel), host)

@@ -6,8 +6,9 @@ A Python ``dist.ProcessGroup`` subclass (torch's PyProcessGroup trampoline), cre
 1. ``--ranks all``: fingerprint and compare across the group first (hang.py);
 2. record a ``CollectiveRecord`` (kind, this rank's input bytes, the group's global ranks, the
    DeviceMesh dimension when the group is one, reduction, async, the user's source line);
-3. compute the result: ``--ranks one`` by the symmetry rule (numerics.py), ``--ranks all`` over
-   gloo (transport.py); nothing in shape-only mode (TPUSIM_NUMERICS=off);
+3. compute the result: ``--ranks one`` by the symmetry rule (numerics.py; a recv: this rank's own matching
+   send, at its wait()), ``--ranks all`` over gloo (transport.py); nothing in shape-only mode
+   (TPUSIM_NUMERICS=off);
 4. return an already-completed Work (the simulator, not this process, models overlap); send/recv
    (c10d's isend/irecv) under ``--ranks all`` return a Work that completes when both sides have
    posted the message (p2p.py), so posted rings complete.
@@ -111,6 +112,7 @@ class TpusimProcessGroup(dist.ProcessGroup):
         self._desc = ""
         self.mode = ranks_mode(size if self.is_world else max(self.global_ranks) + 1)
         self.seq = 0
+        self.mirror = numerics.Mirror()     # --ranks one: this group's sends, for the recvs that mirror them
         timeout = opts.timeout if isinstance(opts.timeout, timedelta) else timedelta(minutes=30)
         self.gloo: Gloo | None = None
         if self.mode == "all" and size > 1:
@@ -360,6 +362,10 @@ class TpusimProcessGroup(dist.ProcessGroup):
                    group=channel, check=False, async_op=not blocking,
                    record=kind == "send" or self.mode == "all",
                    nbytes=sum(t.numel() * t.element_size() for t in tensors))
+        if self.mode == "one" and STATE.numerics:      # the symmetry rule: a recv gets this rank's matching send
+            offset = (peer - self._rank if kind == "send" else self._rank - peer) % self._size
+            work = p2p.mirrored(self.mirror, kind, _host(tensors[0]), (offset, int(tag)))
+            return work or _done(tensors)
         if self.mode != "all" or CONTROL is None or self.gloo is None:
             return _done(tensors)
         gloo = self.gloo if STATE.numerics else None
@@ -394,6 +400,7 @@ def inexact_entries() -> list[dict]:
     why = {k: "exact only if every rank's shard is equal (it is this rank's shard repeated)"
            for k in numerics.SHARD_DEPENDENT}
     why.update({k: "exact only if every rank's input is the same (replicated data)" for k in numerics.DATA_DEPENDENT})
+    why["recv"] = numerics.RECV_WHY
     return [{"kind": k, "source": s, "count": c, "why": why[k]} for (k, s), c in sorted(INEXACT.items())]
 
 

@@ -5,6 +5,8 @@
 The trace is written with every record's ``rank`` set, for the launcher to merge. How the script
 ended goes to the control store (``status/<rank>``) so waiting peers stop at once: ``exited``,
 ``crashed`` (exception type, message, the script's line), or ``failed`` (a collective diagnosis).
+A script that ended normally with isend/irecv never waited for (and no destroy_process_group()) has them
+finished first (``finish_messages``): they move, or the one whose peer never posts is diagnosed, exit 1.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import sys
 
 import torch  # noqa: F401  (before tpusim.backend: the device registers at `import torch`)
 import tpusim.backend as backend
-from tpusim.backend.distributed import budget, process_group
+from tpusim.backend.distributed import budget, p2p, process_group
+from tpusim.backend.distributed.hang import CollectiveMismatchError
 
-from tpusim.script import run_script
+from tpusim.script import ScriptOutcome, run_script
 from tpusim.trace import Trace, write_trace
 
 
@@ -32,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     with backend.recording() as rec:
         outcome = run_script(args.script, list(args.args))
+    outcome = finish_messages(outcome)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the script has ended: what it recorded is written whole
     trace = rec.trace
     records = tuple(dataclasses.replace(r, rank=rank) for r in trace.records)
@@ -58,6 +62,25 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(outcome.exit_code)  # skip interpreter teardown: gloo threads may still wait on dead peers
+
+
+def finish_messages(outcome: ScriptOutcome) -> ScriptOutcome:
+    """After a script that succeeded, wait for its open isend/irecv messages (as destroy_process_group()
+    does), so none is dropped silently; the outcome becomes the diagnosis of one whose peer never posts.
+    The waits are hang detection's (the peer's exit, a wait cycle, TPUSIM_HANG_TIMEOUT_S): never a hang."""
+    if outcome.exit_code != 0 or outcome.error is not None or process_group.CONTROL is None:
+        return outcome
+    try:
+        p2p.drain_all()
+    except CollectiveMismatchError as e:
+        return ScriptOutcome(exit_code=1, error=f"{e}\n", error_type="CollectiveMismatchError")
+    except KeyboardInterrupt:
+        return ScriptOutcome(exit_code=130, error="KeyboardInterrupt\n", error_type="KeyboardInterrupt")
+    except Exception as e:  # noqa: BLE001 (said as this rank's error, never a raw traceback)
+        return ScriptOutcome(exit_code=1, error=f"tpusim: rank {process_group.CONTROL.rank} could not finish its "
+                             f"open isend/irecv messages at exit: {type(e).__name__}: {e}\n",
+                             error_type=type(e).__name__)
+    return outcome
 
 
 def crash_summary(traceback_text: str) -> str:

@@ -7,7 +7,10 @@ each re-declared its own toy chip and tensor builder. Adding a builder = one fun
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
+import time
+from pathlib import Path
 
 from tpusim.spec import ChipSpec, load_chip
 from tpusim.trace import HostRecord, MemoryRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
@@ -67,3 +70,14 @@ def training_trace(steps: int = 3) -> Trace:
             StepMarker(0, step),
         ]
     return Trace(renumber(records))
+
+
+def launch_ranks(script: Path, world: int, tmp_path: Path):
+    """Run ``script`` as ``world`` ranks under ``--ranks all`` in this process: (result, seconds, output)."""
+    import torch  # noqa: F401  (the launcher needs torch imported first)
+    from tpusim.backend.distributed.launcher import launch
+
+    stream = io.StringIO()
+    started = time.monotonic()
+    result = launch(script, [], world, 4, tmp_path, stream=stream)
+    return result, time.monotonic() - started, stream.getvalue()

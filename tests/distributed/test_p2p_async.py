@@ -7,7 +7,6 @@ neighbour sent."""
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import subprocess
@@ -17,19 +16,14 @@ import time
 from pathlib import Path
 
 import pytest
+from factories import launch_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
 def _launch(script: str, world: int, tmp_path: Path):
-    import torch  # noqa: F401
-    from tpusim.backend.distributed.launcher import launch
-
-    stream = io.StringIO()
-    started = time.monotonic()
-    result = launch(SCRIPTS / script, [], world, 4, tmp_path, stream=stream)
-    return result, time.monotonic() - started, stream.getvalue()
+    return launch_ranks(SCRIPTS / script, world, tmp_path)
 
 
 def _received(output: str, world: int) -> dict[int, list]:

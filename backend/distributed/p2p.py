@@ -14,7 +14,7 @@ send and recv of the tpusim process group is a message here:
    only complete inside their ``wait()``, so they cannot be polled);
 3. it completes at its ``wait()`` (``Control.block``: a send nobody receives is diagnosed there), which
    fills a recv's tensor from the staging buffer gloo wrote; messages never waited for are waited at
-   ``destroy_process_group()`` (``drain``) or, without it, at the rank's normal exit (``drain_all``,
+   ``destroy_process_group()`` (``drain``) or, without it, at the rank's normal exit (``drain()``,
    worker.py), so a message is never dropped silently.
 
 So the ring that pipeline parallelism and ring attention post each step (every rank isends to the next,
@@ -137,10 +137,11 @@ class Outbox:
         self.open.remove(message)
         self.works.pop(id(message), None)
 
-    def drain(self, group_name: str) -> None:
-        """Wait for every open message of group ``group_name`` (its shutdown: destroy_process_group), so a
-        message never waited for still moves, and one whose peer never comes is diagnosed here."""
-        for m in [m for m in self.open if m.call.group_name == group_name]:
+    def drain(self, group_name: str | None) -> None:
+        """Wait for every open message of group ``group_name`` (its shutdown: destroy_process_group), or of every
+        group (None: the rank's exit), so a message never waited for still moves, and one whose peer never comes
+        is diagnosed here."""
+        for m in [m for m in self.open if group_name is None or m.call.group_name == group_name]:
             self.wait(m)
 
 
@@ -166,27 +167,26 @@ class MessageWork(dist.Work):
     def get_future(self) -> Future:
         """A future already done: it waits for the message first (so it can block, as wait() does)."""
         self.wait()
-        fut: Future = Future()
-        fut.set_result([self.message.target] if self.message.target is not None else [])
-        return fut
+        return _finished([self.message.target] if self.message.target is not None else [])
+
+
+def _finished(result: list[torch.Tensor]) -> Future:
+    """A future already done with ``result`` (a Work's get_future() once its wait() has returned)."""
+    fut: Future = Future()
+    fut.set_result(result)
+    return fut
 
 
 _OUTBOX: Outbox | None = None
 
 
-def drain(group_name: str) -> None:
-    """Finish the open messages of a process group being shut down (nothing when none was sent)."""
+def drain(group_name: str | None = None) -> None:
+    """Finish the open messages of a process group being shut down, or (None) every open message of this
+    process: a rank's normal exit, the script ended without waiting for them or calling
+    destroy_process_group(). One whose peer never posts is diagnosed as at any wait(); nothing to do, and
+    nothing contacted, when no message was sent."""
     if _OUTBOX is not None:
         _OUTBOX.drain(group_name)
-
-
-def drain_all() -> None:
-    """Finish every open message of this process (a rank's normal exit: the script ended without waiting for
-    them or calling destroy_process_group()); one whose peer never posts is diagnosed as at any wait().
-    Nothing to do, and nothing contacted, when no message was sent."""
-    if _OUTBOX is not None:
-        for m in list(_OUTBOX.open):
-            _OUTBOX.wait(m)
 
 
 def outbox(control: Control) -> Outbox:
@@ -239,9 +239,7 @@ class MirroredRecv(dist.Work):
 
     def get_future(self) -> Future:
         self.wait()
-        fut: Future = Future()
-        fut.set_result([self.target])
-        return fut
+        return _finished([self.target])
 
 
 def mirrored(mirror: numerics.Mirror, kind: str, host: torch.Tensor, channel: tuple) -> dist.Work | None:

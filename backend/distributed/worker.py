@@ -71,7 +71,7 @@ def finish_messages(outcome: ScriptOutcome) -> ScriptOutcome:
     if outcome.exit_code != 0 or outcome.error is not None or process_group.CONTROL is None:
         return outcome
     try:
-        p2p.drain_all()
+        p2p.drain()
     except CollectiveMismatchError as e:
         return ScriptOutcome(exit_code=1, error=f"{e}\n", error_type="CollectiveMismatchError")
     except KeyboardInterrupt:

@@ -107,8 +107,8 @@ def render_html(report: dict[str, Any], figures: dict[str, Path]) -> str:
         traceback = (report.get("error") or {}).get("traceback")
         parts.append(f"<p class='bad'><b>Incomplete:</b> {html.escape(reason)}; the numbers cover what ran "
                      f"before.</p>" + (f"<pre>{html.escape(traceback)}</pre>" if traceback else ""))
-    if budget_line(report):                      # the record budget (TPUSIM_MAX_RECORDS, --max-records)
-        parts.append(f"<p class='bad'><b>Recording stopped:</b> {html.escape(budget_line(report))}</p>")
+    if note := budget_line(report):              # the record budget (TPUSIM_MAX_RECORDS, --max-records)
+        parts.append(f"<p class='bad'><b>Recording stopped:</b> {html.escape(note)}</p>")
     if report["slice"].get("shape_note"):
         parts.append(f"<p class='bad'><b>Slice shape:</b> {html.escape(report['slice']['shape_note'])}</p>")
     parts.append("<div class='cards'>" + "".join(f"<div class='card'>{html.escape(k)}<b>{html.escape(str(v))}</b>"

@@ -113,8 +113,8 @@ def summary_table(report: dict[str, Any], out_dir: str) -> str:
              f"{steps}{per_rank}"]
     if report["slice"].get("shape_note"):
         lines.append(f"warning: {report['slice']['shape_note']}")
-    if budget_line(report):                      # the record budget: the columns price what was recorded
-        lines.append(f"note: {budget_line(report)}")
+    if note := budget_line(report):              # the record budget: the columns price what was recorded
+        lines.append(f"note: {note}")
     lines += _columns(names, rows) if names else ["no eager mode was priced"]
     lines += warmup_lines(modes)
     lines += verdict_lines(modes)

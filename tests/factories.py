@@ -81,3 +81,26 @@ def launch_ranks(script: Path, world: int, tmp_path: Path):
     started = time.monotonic()
     result = launch(script, [], world, 4, tmp_path, stream=stream)
     return result, time.monotonic() - started, stream.getvalue()
+
+
+def sgd_steps(model, x, steps: int):
+    """``steps`` SGD steps (lr 0.1) of ``model`` on the fixed batch ``x``, loss mean(model(x)**2); returns it."""
+    import torch
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    return model
+
+
+def train_linear(device: str, steps: int):
+    """``sgd_steps`` of nn.Linear(8, 4) on a 16 x 8 batch, from seed 0 (record-budget tests run it on "tpu"
+    and on CPU, their truth)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4).to(device)
+    return sgd_steps(model, torch.randn(16, 8).to(device), steps)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import tpusim.backend as tb
+from factories import sgd_steps, train_linear
 from torch import nn
 from tpusim.backend import recorder
 from tpusim.backend.state import STATE
@@ -28,13 +29,7 @@ def _train(device: str, steps: int = STEPS) -> nn.Module:
     """A few SGD steps of a small MLP on ``device``, from the same seed each time."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(32, 8).to(device)
-    for _ in range(steps):
-        opt.zero_grad()
-        model(x).square().mean().backward()
-        opt.step()
-    return model
+    return sgd_steps(model, torch.randn(32, 8).to(device), steps)
 
 
 def test_budget_stops_at_the_first_step_boundary_past_it_and_the_script_runs_on_exactly() -> None:
@@ -112,14 +107,7 @@ def test_tpusim_run_prices_the_recorded_steps_and_says_where_it_stopped(tmp_path
     assert report["modes"]["strict"]["steps"]["count"] == stopped["after_step"]
     assert f"note: {stopped['note']}" in result.stdout
     assert html.escape(stopped["note"]) in (out / "report.html").read_text()
-    torch.manual_seed(0)                                      # the script's last value, as CPU computes it
-    model = nn.Linear(8, 4)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(16, 8)
-    for _ in range(5):
-        opt.zero_grad()
-        model(x).square().mean().backward()
-        opt.step()
+    model = train_linear("cpu", 5)                            # the script's last value, as CPU computes it
     assert f"weight sum {model.weight.sum().item()!r}" in result.stdout
 
 

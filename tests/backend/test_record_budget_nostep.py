@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 import tpusim.backend as tb
+from factories import sgd_steps, train_linear
 from torch import nn
 from tpusim.backend import recorder
 from tpusim.backend.state import STATE
@@ -84,23 +85,12 @@ def test_a_loop_of_native_ops_is_stopped_while_it_runs_not_at_the_end() -> None:
 def test_steps_marked_after_the_budget_stopped_a_long_first_step_are_counted_and_said() -> None:
     torch.manual_seed(0)
     model = nn.Linear(8, 4).to("tpu")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(16, 8).to("tpu")
     with tb.recording(max_records=10) as rec:                # one step makes about 30 records
-        for _ in range(3):
-            opt.zero_grad()
-            model(x).square().mean().backward()
-            opt.step()
+        sgd_steps(model, x, 3)
     assert rec.stopped_after_step == 0 and rec.steps == 3 and len(rec.trace.records) == 10
     assert not any(isinstance(r, StepMarker) for r in rec.trace.records)
-    torch.manual_seed(0)                                      # the same three steps on CPU
-    ref = nn.Linear(8, 4)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    ref_x = torch.randn(16, 8)
-    for _ in range(3):
-        ref_opt.zero_grad()
-        ref(ref_x).square().mean().backward()
-        ref_opt.step()
+    ref = train_linear("cpu", 3)                              # the same three steps on CPU
     assert torch.equal(model.weight.detach().cpu(), ref.weight.detach())
     note = recorder.budget_note(0, 3, 10, 10)
     assert note.startswith("recording stopped after 10 records (before the first of the 3 steps the script marked")

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tpusim.collectives import closed_form_time, simulate_collective  # noqa: E402
-from tpusim.topology import build_slice  # noqa: E402
+from tpusim.network.collectives import closed_form_time, simulate_collective  # noqa: E402
+from tpusim.slice.topology import build_slice  # noqa: E402
 
 CASES = (("3d:2x2x2", 2), ("3d:16x24x24", 12))      # (slice, slices) on v7
 NBYTES = 1e9

@@ -12,7 +12,7 @@ steps interleaved so both see the same machine load, medians of the per-step dif
 - small (compute-bound, the default sizes before issue 13): tpu/CPU step time. Target: <= 1.3x.
 
 ``--profile`` prints where the tiny tpu step's Python time goes (cProfile, top functions by own
-time); the common op runs in C++ (backend/csrc/fallback.cpp) and shows up inside the torch call.
+time); the common op runs in C++ (tpusim/backend/csrc/fallback.cpp) and shows up inside the torch call.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import time
 import warnings
 
 import torch
-import tpusim.backend as tb
 from torch import nn
 
-from tpusim.trace import OpRecord
+import tpusim.backend as tb
+from tpusim.trace.records import OpRecord
 
 SIZES = {  # batch, seq, dim, heads, layers, vocab
     "tiny": (4, 32, 64, 2, 2, 500),

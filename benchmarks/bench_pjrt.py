@@ -7,7 +7,7 @@ with SGD+momentum. Columns:
 
 - cpu: plain PyTorch on the CPU (reference);
 - strict: eager mode strict on "tpu", every op one cached jitted JAX computation (per op signature);
-- fused: eager mode fused on "tpu", tpusim.fusion's windows traced into one jitted JAX computation
+- fused: eager mode fused on "tpu", tpusim.eager.fusion's windows traced into one jitted JAX computation
   each (the line under the table says how many windows a step ends, and why);
 - compiled: torch.compile(model, backend="tpu") (forward and backward graphs as two XLA
   programs), the optimizer eager in Strict.
@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+
 import tpusim.backend  # noqa: F401  (the tpu device)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "pjrt"))
@@ -77,7 +78,7 @@ def measure(make: object, batch: tuple, column: str, steps: int, warmup: int) ->
 
 
 def _windows(stats: object, steps: int) -> str:
-    """Fused windows per timed step and their cuts (tpusim.fusion's names), or "" outside fused."""
+    """Fused windows per timed step and their cuts (tpusim.eager.fusion's names), or "" outside fused."""
     if not stats.windows:
         return ""
     cuts = ", ".join(f"{k} {v / steps:g}" for k, v in sorted(stats.cuts.items()))

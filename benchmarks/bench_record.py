@@ -18,10 +18,10 @@ import math
 import time
 
 import torch
-import tpusim.backend as tb
 from torch import nn
 
-from tpusim.trace import MemoryRecord, OpRecord
+import tpusim.backend as tb
+from tpusim.trace.records import MemoryRecord, OpRecord
 
 VOCAB, D_MODEL, HEADS, SEQ = 50257, 12288, 96, 2048
 

@@ -12,9 +12,9 @@ across: hierarchical). Ranks are slice-major (rank = slice x chips per slice + c
 Goal (issue 19): <= 60 s wall for the 110,592-chip step on a 2-core machine, with the cost growing
 sub-linearly in chips. What keeps it flat is pricing by symmetry: a collective over a group that is a
 product of torus-axis segments is simulated on one representative line, and a multislice collective's
-DCN stage is counted per host block, never per chip (tpusim/collectives/dcn.py), so the work depends on
+DCN stage is counted per host block, never per chip (tpusim/network/collectives/dcn.py), so the work depends on
 the number of distinct collectives, not on the chips. The simulated times are printed for reference; DCN
-fidelity (per-host NICs, contention) is tpusim/collectives/dcn.py's.
+fidelity (per-host NICs, contention) is tpusim/network/collectives/dcn.py's.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tpusim.pricing import price  # noqa: E402
-from tpusim.topology import Slice, build_slice  # noqa: E402
-from tpusim.trace import CollectiveRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber  # noqa: E402
+from tpusim.slice.topology import Slice, build_slice  # noqa: E402
+from tpusim.trace.records import CollectiveRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber  # noqa: E402
 
 CASES = (("3d:8x8x8", 1), ("3d:16x16x16", 1), ("3d:16x24x24", 1), ("3d:16x24x24", 4), ("3d:16x24x24", 12))
 TP = 4

@@ -32,10 +32,10 @@ import simpy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tpusim.collectives import algorithm_cost, build_plan, fastforward, simulate_collective  # noqa: E402
-from tpusim.collectives import groups as _groups  # noqa: E402
-from tpusim.spec import load_chip  # noqa: E402
-from tpusim.topology import Slice, build_slice  # noqa: E402
+from tpusim.hardware.spec import load_chip  # noqa: E402
+from tpusim.network.collectives import algorithm_cost, build_plan, fastforward, simulate_collective  # noqa: E402
+from tpusim.network.collectives import groups as _groups  # noqa: E402
+from tpusim.slice.topology import Slice, build_slice  # noqa: E402
 
 GIB = 2**30
 SHAPES = [(4, 4, 4), (8, 8, 8), (16, 16, 16), (16, 20, 28)]
@@ -70,7 +70,7 @@ def v5p_slice(dims: tuple[int, ...]) -> Slice:
 def _clear_caches() -> None:
     build_plan.cache_clear()
     algorithm_cost.cache_clear()
-    from tpusim.collectives import _choose, _played
+    from tpusim.network.collectives import _choose, _played
 
     _choose.cache_clear()
     _played.cache_clear()
@@ -123,7 +123,7 @@ def bench_network_event_rate() -> None:
 def bench_engine_event_rate() -> None:
     """The engine replaying a synthetic SPMD training step: ops and an overlapping gradient all-reduce."""
     from tpusim.pricing import price
-    from tpusim.trace import CollectiveRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
+    from tpusim.trace.records import CollectiveRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
 
     def t(i):
         return TensorMeta(id=i, shape=(1024, 1024), dtype="bfloat16", nbytes=2 * 2**20, storage=i)
@@ -155,7 +155,7 @@ def fsdp_tp_trace(steps: int = 2, blocks: int = 4):
     reduce-scatter per block; the root module's gather/scatter; 2 small world all-reduces): 64
     collectives, with matmuls between them; groups as the default placement of mesh (256, 2) gives."""
     from tpusim.placement import Mesh, default_placement
-    from tpusim.trace import CollectiveRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
+    from tpusim.trace.records import CollectiveRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
 
     s = v5p_slice((8, 8, 8))
     mesh = Mesh(("fsdp", "tp"), (256, 2), tuple(range(512)))
@@ -220,7 +220,7 @@ class _IrregularSegments:
 
 def _price_modes(trace, modes) -> list[tuple[str, float, int, float, int]]:
     from tpusim.pricing import price
-    from tpusim.trace import CollectiveRecord
+    from tpusim.trace.records import CollectiveRecord
 
     out = []
     for mode in modes:
@@ -235,8 +235,8 @@ def _price_modes(trace, modes) -> list[tuple[str, float, int, float, int]]:
 
 
 def bench_fsdp_trace() -> None:
-    from tpusim.collectives import group_shape
-    from tpusim.modes import MODES
+    from tpusim.eager.modes import MODES
+    from tpusim.network.collectives import group_shape
 
     trace = fsdp_tp_trace()
     s = v5p_slice((8, 8, 8))

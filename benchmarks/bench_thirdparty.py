@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 
 import torch
-import tpusim.backend as tb
 from torch import nn
 
-from tpusim.trace import OpRecord
+import tpusim.backend as tb
+from tpusim.trace.records import OpRecord
 
 try:
     import transformers

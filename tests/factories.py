@@ -12,8 +12,8 @@ import math
 import time
 from pathlib import Path
 
-from tpusim.spec import ChipSpec, load_chip
-from tpusim.trace import HostRecord, MemoryRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
+from tpusim.hardware.spec import ChipSpec, load_chip
+from tpusim.trace.records import HostRecord, MemoryRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
 
 # A user's script: three SGD steps of one matmul on "tpu" (tpusim check's and the pytest plugin's tests run it)
 TRAINING_SCRIPT = """\
@@ -75,6 +75,7 @@ def training_trace(steps: int = 3) -> Trace:
 def launch_ranks(script: Path, world: int, tmp_path: Path):
     """Run ``script`` as ``world`` ranks under ``--ranks all`` in this process: (result, seconds, output)."""
     import torch  # noqa: F401  (the launcher needs torch imported first)
+
     from tpusim.backend.distributed.launcher import launch
 
     stream = io.StringIO()

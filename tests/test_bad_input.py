@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from factories import training_trace
 
-from tpusim.cli import main
+from tpusim.cli.main import main
 from tpusim.errors import TpusimError
 from tpusim.output import write_atomic
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, load_report
 from tpusim.report.model import SCHEMA_VERSION
-from tpusim.topology import build_slice
-from tpusim.trace import read_trace, write_trace
+from tpusim.slice.topology import build_slice
+from tpusim.trace.records import read_trace, write_trace
 from tpusim.units import parse_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +72,7 @@ def test_bytes_are_exact():
 @pytest.fixture
 def no_device(monkeypatch):
     """Fail the test if `tpusim run` gets as far as loading the device (the script would run next)."""
-    from tpusim.commands import run
+    from tpusim.cli import run
 
     def loaded():
         raise AssertionError("the device was loaded: the bad flag was not caught before the script ran")

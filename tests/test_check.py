@@ -15,7 +15,7 @@ import pytest
 from factories import TRAINING_SCRIPT
 
 from tpusim.errors import TpusimError
-from tpusim.lint import RULES
+from tpusim.report.lint import RULES
 from tpusim.testing.budgets import (
     Budgets,
     HbmLimit,
@@ -105,7 +105,7 @@ def _check(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_bad_input_is_exit_code_2_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture) -> None:
-    from tpusim.cli import main
+    from tpusim.cli.main import main
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("print('never runs')\n")

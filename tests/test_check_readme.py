@@ -37,7 +37,7 @@ def readme_block(name: str) -> str:
 def test_the_actions_job_runs_the_commands_the_readme_documents() -> None:
     """Every `tpusim check` line of the workflow parses with tpusim's own parser; the pytest file it runs is
     the README's example file."""
-    from tpusim.cli import build_parser
+    from tpusim.cli.main import build_parser
 
     workflow = re.search(r"```yaml\n(.*?)```", SECTION, re.S).group(1)
     commands = [line.split("- run:", 1)[1].strip() for line in workflow.splitlines() if "- run:" in line]

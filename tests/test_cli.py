@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tpusim import __version__
-from tpusim.cli import COMMANDS, main
+from tpusim.cli.main import COMMANDS, main
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -75,7 +75,7 @@ def test_bad_input_is_one_clear_line_and_exit_code_2(argv, capsys):
 
 
 def test_chips_table_lists_every_generation(capsys):
-    from tpusim.spec import available_chips
+    from tpusim.hardware.spec import available_chips
 
     code, out, _ = run_cli(capsys, "chips")
     assert code == 0

@@ -10,8 +10,10 @@ import json
 import pytest
 import simpy
 
-from tpusim.cli import main
-from tpusim.collectives import (
+from tpusim.cli.main import main
+from tpusim.errors import TpusimError
+from tpusim.hardware.spec import load_chip
+from tpusim.network.collectives import (
     ALGORITHMS,
     KINDS,
     CollectiveResult,
@@ -21,10 +23,8 @@ from tpusim.collectives import (
     group_axes,
     simulate_collective,
 )
-from tpusim.errors import TpusimError
-from tpusim.network import Network
-from tpusim.spec import load_chip
-from tpusim.topology import build_slice
+from tpusim.network.links import Network
+from tpusim.slice.topology import build_slice
 
 US = 1e-6
 
@@ -380,8 +380,8 @@ def mesh_groups(s, shape=(256, 2)):
 
 
 def test_group_shape_describes_the_segments_a_device_mesh_gives():
-    from tpusim.collectives import group_shape
-    from tpusim.collectives.groups import Segment
+    from tpusim.network.collectives import group_shape
+    from tpusim.network.collectives.groups import Segment
 
     s = build_slice("3d:8x8x8")
     tp, fsdp = mesh_groups(s)
@@ -500,7 +500,7 @@ def test_the_chooser_works_for_sub_axis_groups():
 
 def _timeline(s, calls, enabled=True):
     """Collectives started at given times in one environment: (results, per-channel (busy, bytes), flows)."""
-    from tpusim.collectives import fastforward
+    from tpusim.network.collectives import fastforward
 
     fastforward.clear()
     fastforward.ENABLED = enabled
@@ -578,9 +578,9 @@ def test_fast_forward_needs_an_idle_network(overhead_ns):
 def test_pricing_a_trace_is_the_same_with_and_without_fast_forward():
     # an FSDP x TP step on 4x4x4 (mesh fsdp=32, tp=2): async gathers and scatters overlap the TP
     # all-reduces and each other; whatever is fast-forwarded, the timeline is a full simulation's
-    from tpusim.collectives import fastforward
+    from tpusim.network.collectives import fastforward
     from tpusim.pricing import price
-    from tpusim.trace import CollectiveRecord, HostRecord, OpRecord, TensorMeta, Trace, renumber
+    from tpusim.trace.records import CollectiveRecord, HostRecord, OpRecord, TensorMeta, Trace, renumber
 
     s = build_slice("3d:4x4x4")
     tp, fsdp = mesh_groups(s, (32, 2))

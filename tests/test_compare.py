@@ -4,11 +4,11 @@ import json
 
 from factories import training_trace
 
-from tpusim.cli import main
+from tpusim.cli.main import main
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, write_report
-from tpusim.topology import build_slice
-from tpusim.trace import write_trace
+from tpusim.slice.topology import build_slice
+from tpusim.trace.records import write_trace
 
 
 def write_run(folder, chip: str, topology: str):

@@ -6,11 +6,11 @@ step, the same shapes every step)."""
 import pytest
 from factories import toy_chip, training_trace
 
-from tpusim.compile_cache import compile_seconds
-from tpusim.fusion import FusedKernel
+from tpusim.eager.compile_cache import compile_seconds
+from tpusim.eager.fusion import FusedKernel
+from tpusim.hardware.spec import available_chips, chip_sources, load_chip
 from tpusim.pricing import price
-from tpusim.spec import available_chips, chip_sources, load_chip
-from tpusim.topology import build_slice
+from tpusim.slice.topology import build_slice
 
 FIXED, PER_OP = 0.01, 0.001
 

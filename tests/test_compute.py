@@ -4,10 +4,10 @@ import dataclasses
 
 import pytest
 
-from tpusim.compute import kernel_cost, matmul_padding, mxu_peak_flops_per_s, transfer_seconds
 from tpusim.errors import TpusimError
-from tpusim.spec import load_chip
-from tpusim.trace import HostRecord, OpRecord
+from tpusim.hardware.compute import kernel_cost, matmul_padding, mxu_peak_flops_per_s, transfer_seconds
+from tpusim.hardware.spec import load_chip
+from tpusim.trace.records import HostRecord, OpRecord
 
 ITEM = {"bfloat16": 2, "float32": 4, "int8": 1, "float8_e4m3fn": 1}
 
@@ -197,8 +197,8 @@ def test_bad_input_names_the_op():
 
 def shaped_chip(load_cycles=128.0, fill_cycles=256.0):
     """A 4-MXU chip at 1 GHz whose bf16 peak is one LHS row per MXU per cycle (4 x 2 x 128^2 x 1e9), int8 two."""
-    from tpusim.calibration import CalibratedChip
-    from tpusim.compute import CalibrationTerms
+    from tpusim.hardware.calibration import CalibratedChip
+    from tpusim.hardware.compute import CalibrationTerms
 
     base = toy_chip(clock_hz=1e9, peak_bf16_flops_per_s=4 * 2 * 128**2 * 1e9,
                     peak_int8_flops_per_s=2 * 4 * 2 * 128**2 * 1e9, hbm_bytes_per_s=1e15)

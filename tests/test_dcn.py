@@ -1,4 +1,4 @@
-"""DCN for multislice (tpusim/collectives/dcn.py) against closed forms worked by hand.
+"""DCN for multislice (tpusim/network/collectives/dcn.py) against closed forms worked by hand.
 
 Numbers: v5e hosts have 2 x 100 Gbps NICs (12.5e9 B/s each) for 8 chips in a 4x2 block
 (topologies/dcn.toml), PCIe 1.6e10 B/s per chip, DCN latency 10 us per crossing (chip file).
@@ -11,11 +11,11 @@ import tomllib
 
 import pytest
 
-from tpusim.collectives import closed_form_time, simulate_collective
-from tpusim.collectives.dcn import _table, chip_dcn_rate, dcn_table_path, host_nics
 from tpusim.errors import TpusimError
-from tpusim.spec import available_chips, load_chip
-from tpusim.topology import build_slice
+from tpusim.hardware.spec import available_chips, load_chip
+from tpusim.network.collectives import closed_form_time, simulate_collective
+from tpusim.network.collectives.dcn import _table, chip_dcn_rate, dcn_table_path, host_nics
+from tpusim.slice.topology import build_slice
 
 LAT = 10e-6
 NIC = 100e9 / 8          # one v5e NIC, bytes/s

@@ -3,9 +3,9 @@ precedence (its csrc/eager/eager_mode.cc: launch blocking wins, the public name 
 
 import pytest
 
-from tpusim.eager import mode_from_environment
+from tpusim.eager.modes import get_mode
+from tpusim.eager.state import mode_from_environment
 from tpusim.errors import TpusimError
-from tpusim.modes import get_mode
 
 
 @pytest.mark.parametrize(("environ", "mode"), [

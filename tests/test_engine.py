@@ -5,12 +5,12 @@ import dataclasses
 import pytest
 from factories import US, tensor, toy_chip
 
-from tpusim import engine
-from tpusim.collectives import closed_form_time
 from tpusim.errors import TpusimError
-from tpusim.plan import raw_plan
-from tpusim.topology import build_slice
-from tpusim.trace import (
+from tpusim.network.collectives import closed_form_time
+from tpusim.pricing import engine
+from tpusim.pricing.plan import raw_plan
+from tpusim.slice.topology import build_slice
+from tpusim.trace.records import (
     CollectiveRecord,
     HostRecord,
     MemoryRecord,

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tpusim import envvars
-from tpusim.cli import main
+from tpusim.cli.main import main
 from tpusim.errors import TpusimError
-from tpusim.spec import load_chip
+from tpusim.hardware.spec import load_chip
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -91,7 +91,7 @@ def test_a_chip_name_the_file_system_refuses_is_a_tpusim_error(name):
 
 
 def test_the_device_failing_to_load_is_one_clear_error(monkeypatch):
-    from tpusim.commands import run
+    from tpusim.cli import run
 
     real_import = builtins.__import__
 

@@ -11,16 +11,18 @@ import pytest
 import simpy
 from factories import tensor, toy_chip
 
-from tpusim import collectives, engine
-from tpusim.cli import build_parser, main
-from tpusim.collectives import choose_algorithm, fastforward, simulate_collective
+from tpusim.cli.main import build_parser, main
 from tpusim.errors import TpusimError
-from tpusim.faults import apply_faults, describe, slowdown_lines, slowdown_section
-from tpusim.network import Network
-from tpusim.plan import raw_plan
-from tpusim.spec import load_chip
-from tpusim.topology import FaultError, build_slice
-from tpusim.trace import CollectiveRecord, OpRecord, StepMarker, Trace, renumber
+from tpusim.hardware.spec import load_chip
+from tpusim.network import collectives
+from tpusim.network.collectives import choose_algorithm, fastforward, simulate_collective
+from tpusim.network.links import Network
+from tpusim.pricing import engine
+from tpusim.pricing.plan import raw_plan
+from tpusim.report.faults import slowdown_lines, slowdown_section
+from tpusim.slice.faults import apply_faults, describe
+from tpusim.slice.topology import FaultError, build_slice
+from tpusim.trace.records import CollectiveRecord, OpRecord, StepMarker, Trace, renumber
 
 GiB = 2**30
 
@@ -208,7 +210,7 @@ def test_faults_are_in_slice_0_of_a_multislice_run():
     result = simulate_collective(sl, "all_reduce", 64e6)
     assert result.algorithm == "dcn" and result.time_s > 1.3 * result.healthy_s
     # Slice 1's routes are the healthy ones.
-    from tpusim.network import ici_path
+    from tpusim.network.links import ici_path
 
     assert ici_path(sl, (0, 0, 0), (1, 0, 0), 1) == ((1, (0, 0, 0), 0, 1),)
     assert len(ici_path(sl, (0, 0, 0), (1, 0, 0), 0)) == 3
@@ -329,7 +331,7 @@ def test_run_and_compare_take_the_fault_flags():
 def test_compare_reprices_a_report_on_the_faulted_slice(tmp_path, capsys):
     from tpusim.pricing import price
     from tpusim.report import RunInfo, build_report, write_report
-    from tpusim.trace import write_trace
+    from tpusim.trace.records import write_trace
 
     sl = torus()
     trace = _ddp_trace()

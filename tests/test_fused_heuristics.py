@@ -1,4 +1,4 @@
-"""Fused eager's cut heuristics (tpusim/windows.py, TorchTPU's algorithm): one small program per rule,
+"""Fused eager's cut heuristics (tpusim/eager/windows.py, TorchTPU's algorithm): one small program per rule,
 the clusters it makes in the simulator's fused mode, and what the compile cache makes of them.
 
 The truth is the rule as TorchTPU states it (../shared/research/torchtpu.md, csrc/eager/ of
@@ -15,11 +15,11 @@ import factories
 import pytest
 from factories import MB, N, tensor
 
-from tpusim import windows
-from tpusim.fusion import FusedKernel, fuse
-from tpusim.modes import get_mode
-from tpusim.planning import plan
-from tpusim.trace import MemoryRecord, OpRecord, TensorMeta, Trace, renumber
+from tpusim.eager import windows
+from tpusim.eager.fusion import FusedKernel, fuse
+from tpusim.eager.modes import get_mode
+from tpusim.pricing.planning import plan
+from tpusim.trace.records import MemoryRecord, OpRecord, TensorMeta, Trace, renumber
 
 
 def chip(vmem_bytes=64 * 10**6):

@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import tpusim.backend as tb
 
-from tpusim.modes import get_mode
-from tpusim.planning import plan
-from tpusim.spec import load_chip
+import tpusim.backend as tb
+from tpusim.eager.modes import get_mode
+from tpusim.hardware.spec import load_chip
+from tpusim.pricing.planning import plan
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "transformer.py"
 

@@ -11,11 +11,12 @@ import factories
 import pytest
 from factories import MB, N, tensor
 
-from tpusim import fusion, ops, windows
-from tpusim.fusion import FusedKernel, fuse
+from tpusim.eager import fusion, windows
+from tpusim.eager.fusion import FusedKernel, fuse
 from tpusim.pricing import price
-from tpusim.topology import build_slice
-from tpusim.trace import (
+from tpusim.slice.topology import build_slice
+from tpusim.trace import ops
+from tpusim.trace.records import (
     CollectiveRecord,
     HostRecord,
     MemoryRecord,

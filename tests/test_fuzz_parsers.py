@@ -10,14 +10,14 @@ from factories import training_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tpusim.commands import compare
+from tpusim.cli import compare
 from tpusim.errors import TpusimError, plain_text
 from tpusim.placement.parse import parse_placement_text
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report
 from tpusim.report.load import check_report
-from tpusim.topology import MAX_SLICES, build_slice, parse_chip_name, parse_slices, parse_topology
-from tpusim.trace import read_trace, write_trace
+from tpusim.slice.topology import MAX_SLICES, build_slice, parse_chip_name, parse_slices, parse_topology
+from tpusim.trace.records import read_trace, write_trace
 from tpusim.units import MAX_BYTES, parse_bytes
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -15,13 +15,13 @@ import pytest
 from factories import training_trace
 
 import tpusim.pricing
-import tpusim.trace
-from tpusim.commands.run import Interrupts, Progress, _price_and_report
+import tpusim.trace.records
+from tpusim.cli.run import Interrupts, Progress, _price_and_report
 from tpusim.errors import TpusimError
 from tpusim.output import atomic_open, claim_folder, claim_new_folder, prepare_folder, write_atomic
 from tpusim.report import load_report
 from tpusim.script import ScriptOutcome, run_script
-from tpusim.topology import build_slice
+from tpusim.slice.topology import build_slice
 
 
 @pytest.fixture(autouse=True)
@@ -72,8 +72,8 @@ def test_write_trace_and_figures_use_unique_temporary_names(tmp_path, monkeypatc
         seen.append(Path(path).name)
         return real_open(path, *args)
     monkeypatch.setattr(os, "open", spy)
-    tpusim.trace.write_trace(training_trace(), tmp_path / "program.jsonl")
-    tpusim.trace.write_trace(training_trace(), tmp_path / "program.jsonl")
+    tpusim.trace.records.write_trace(training_trace(), tmp_path / "program.jsonl")
+    tpusim.trace.records.write_trace(training_trace(), tmp_path / "program.jsonl")
     assert len(set(seen)) == 2 and all(name.startswith(".program.jsonl.") for name in seen)
 
 
@@ -111,7 +111,7 @@ def price_and_report(tmp_path, modes, interrupt_at_mode: int | None, interrupts_
     """Run the pricing-and-report half of `tpusim run`, pressing Ctrl-C while mode number
     ``interrupt_at_mode`` is priced and ``interrupts_while_writing`` times while program.jsonl is written."""
     trace, slice_ = training_trace(), build_slice("3d:1x1x1")
-    real_price, real_write = tpusim.pricing.price, tpusim.trace.write_trace
+    real_price, real_write = tpusim.pricing.price, tpusim.trace.records.write_trace
     calls = []
 
     def price(*args, **kwargs):
@@ -127,7 +127,7 @@ def price_and_report(tmp_path, modes, interrupt_at_mode: int | None, interrupts_
 
     patch = pytest.MonkeyPatch()
     patch.setattr(tpusim.pricing, "price", price)
-    patch.setattr(tpusim.trace, "write_trace", write_trace)
+    patch.setattr(tpusim.trace.records, "write_trace", write_trace)
     try:
         with Interrupts(Progress(quiet=True)) as interrupts:
             measured, stopped = _price_and_report(trace, slice_, modes, Path("model.py"), ARGS, outcome,
@@ -204,7 +204,7 @@ def test_the_script_outcome_is_what_python_would_exit_with(tmp_path, capsys, bod
 def test_a_run_with_no_ops_draws_its_figures_without_warnings(tmp_path, recwarn):
     from tpusim.pricing import price as real_price
     from tpusim.report import RunInfo, build_report, write_report
-    from tpusim.trace import Trace
+    from tpusim.trace.records import Trace
 
     slice_ = build_slice("3d:1x1x1")
     timelines = {"strict": real_price(Trace(records=()), topology=slice_, mode="strict")}

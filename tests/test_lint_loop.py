@@ -2,11 +2,11 @@
 
 from factories import B, C
 
-from tpusim.compile_cache import CacheStats, Recompile
-from tpusim.lint import lint, mxu_tile_waste, recompilations, syncs_in_step_loop
+from tpusim.eager.compile_cache import CacheStats, Recompile
 from tpusim.pricing import price
-from tpusim.topology import build_slice
-from tpusim.trace import HostRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
+from tpusim.report.lint import lint, mxu_tile_waste, recompilations, syncs_in_step_loop
+from tpusim.slice.topology import build_slice
+from tpusim.trace.records import HostRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
 
 CHIP = build_slice("3d:1x1x1", "v5p").chip
 
@@ -75,8 +75,8 @@ def test_a_sync_in_one_step_only_is_not_a_loop_habit():
 
 
 def test_hbm_lint_tells_a_full_chip_from_one_near_capacity():
-    from tpusim.lint import hbm_near_capacity
-    from tpusim.trace import MemoryRecord
+    from tpusim.report.lint import hbm_near_capacity
+    from tpusim.trace.records import MemoryRecord
 
     def findings(nbytes: int) -> list:
         trace = Trace(renumber([MemoryRecord(0, "alloc", 1, nbytes)]))

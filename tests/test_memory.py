@@ -2,9 +2,9 @@
 
 import dataclasses
 
-from tpusim.memory import HbmTracker, hbm_timeline
-from tpusim.spec import load_chip
-from tpusim.trace import MemoryRecord, OpRecord
+from tpusim.hardware.memory import HbmTracker, hbm_timeline
+from tpusim.hardware.spec import load_chip
+from tpusim.trace.records import MemoryRecord, OpRecord
 
 
 def chip(capacity):

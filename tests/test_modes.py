@@ -9,13 +9,13 @@ Times in microseconds in the comments.
 import pytest
 from factories import US, N, tensor, toy_chip
 
+from tpusim.eager.modes import MODES, get_mode
 from tpusim.errors import TpusimError
-from tpusim.modes import MODES, get_mode
-from tpusim.planning import RECORD_SHARE
 from tpusim.pricing import price
+from tpusim.pricing.planning import RECORD_SHARE
 from tpusim.report import RunInfo, build_report, summary_table
-from tpusim.topology import build_slice
-from tpusim.trace import HostRecord, MemoryRecord, OpRecord, StepMarker, Trace, renumber
+from tpusim.slice.topology import build_slice
+from tpusim.trace.records import HostRecord, MemoryRecord, OpRecord, StepMarker, Trace, renumber
 
 
 def toy(**overrides):

@@ -9,9 +9,9 @@ import pytest
 import simpy
 
 from tpusim.errors import TpusimError
-from tpusim.network import DCN_AXIS, Network, channel_name, ici_path
-from tpusim.spec import load_chip
-from tpusim.topology import build_slice
+from tpusim.hardware.spec import load_chip
+from tpusim.network.links import DCN_AXIS, Network, channel_name, ici_path
+from tpusim.slice.topology import build_slice
 
 US = 1e-6
 
@@ -114,7 +114,7 @@ def test_bad_chunk_size_is_a_clear_error():
 
 
 def test_a_held_job_is_realized_before_any_other_flow_starts():
-    # the fast-forward hook (tpusim.collectives.fastforward uses it): a job held on an idle
+    # the fast-forward hook (tpusim.network.collectives.fastforward uses it): a job held on an idle
     # network is told to turn into a real simulation before anyone else's flow starts
     env = simpy.Environment()
     net = Network(env, ring8(), 100_000)

@@ -1,10 +1,10 @@
-"""tpusim.ops: one family per op, read the same way by cost rules, fusion and the window cutter."""
+"""tpusim.trace.ops: one family per op, read the same way by cost rules, fusion and the window cutter."""
 
 import pytest
 
-from tpusim import ops
-from tpusim.ops import Family, family_of, fusion_role
-from tpusim.windows import CUTS, Node, WindowCutter
+from tpusim.eager.windows import CUTS, Node, WindowCutter
+from tpusim.trace import ops
+from tpusim.trace.ops import Family, family_of, fusion_role
 
 
 @pytest.mark.parametrize("name", ["aten::add_.Tensor", "add.out", "aten::add", "add_"])

@@ -5,14 +5,14 @@ import json
 import pytest
 from factories import B, C, training_trace
 
+from tpusim.eager.modes import resolve_modes
 from tpusim.errors import TpusimError
-from tpusim.lint import RULES, LintWarning, lint
-from tpusim.modes import resolve_modes
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, summary_table, write_report
+from tpusim.report.lint import RULES, LintWarning, lint
 from tpusim.report.model import SCHEMA_VERSION
-from tpusim.topology import build_slice
-from tpusim.trace import OpRecord, StepMarker, TensorMeta, Trace, renumber
+from tpusim.slice.topology import build_slice
+from tpusim.trace.records import OpRecord, StepMarker, TensorMeta, Trace, renumber
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_unknown_mode_is_refused_with_the_accepted_names():
 
 
 def test_collectives_and_link_heat_map_are_reported(tmp_path):
-    from tpusim.trace import CollectiveRecord
+    from tpusim.trace.records import CollectiveRecord
 
     grad = TensorMeta(9, (2**20,), "float32", 2**22, 9)
     records = renumber([CollectiveRecord(0, "all_reduce", grad.nbytes, reduce_op="sum", inputs=(grad,),
@@ -139,7 +139,7 @@ def test_lint_reports_recompilations_with_their_source_line():
 
 
 def test_lint_flags_collectives_that_compute_cannot_hide():
-    from tpusim.trace import CollectiveRecord
+    from tpusim.trace.records import CollectiveRecord
 
     grad = TensorMeta(9, (2**20,), "float32", 2**22, 9)
     trace = Trace(renumber([CollectiveRecord(0, "all_reduce", grad.nbytes, inputs=(grad,), outputs=(grad,)),
@@ -151,9 +151,8 @@ def test_lint_flags_collectives_that_compute_cannot_hide():
 
 
 def test_measured_section_sets_real_times_beside_the_prediction(priced, tmp_path):
-    from tpusim.measure import JaxDevice, ModeRun
     from tpusim.report import Measured, measured_section
-    from tpusim.report.measured import not_tpu_note
+    from tpusim.report.measured import JaxDevice, ModeRun, not_tpu_note
 
     trace, slice_, timelines, report = priced
     runs = (ModeRun("debug", (2.0, 0.3, 0.5, 0.4), 3.2, target_mode="debug"),
@@ -189,7 +188,7 @@ def test_measured_section_sets_real_times_beside_the_prediction(priced, tmp_path
 
 def test_distributed_and_placement_sections_come_from_their_typed_parts():
     from tpusim.placement import compare, distributed_info
-    from tpusim.trace import CollectiveRecord, Mesh, TraceMeta
+    from tpusim.trace.records import CollectiveRecord, Mesh, TraceMeta
 
     records = []
     for step in (1, 2):

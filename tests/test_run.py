@@ -88,7 +88,7 @@ def test_sim_target_writes_no_measured_section(mlp_run):
     ("TPU v3", None), ("TPU v4 lite", None), ("cpu", None), ("NVIDIA H100 80GB HBM3", None),
 ])
 def test_jax_device_kind_maps_to_the_tpusim_chip(kind, chip):
-    from tpusim.spec import chip_for_device_kind
+    from tpusim.hardware.spec import chip_for_device_kind
 
     found = chip_for_device_kind(kind)      # from the chip files' jax_device_kinds
     assert (found.name if found else None) == chip
@@ -99,11 +99,11 @@ def test_jax_device_kind_maps_to_the_tpusim_chip(kind, chip):
     (True, ["--numerics", "off"], "--target pjrt needs --numerics on"),
 ])
 def test_target_pjrt_fails_early_with_one_line(monkeypatch, capsys, jax_installed, extra, message):
-    import tpusim.measure
-    from tpusim.cli import main
+    import tpusim.run.measure
+    from tpusim.cli.main import main
 
-    monkeypatch.setattr(tpusim.measure, "_jax_installed", lambda: jax_installed)
-    monkeypatch.setattr(tpusim.measure, "probe_device", lambda *a: pytest.fail("JAX was asked for its device"))
+    monkeypatch.setattr(tpusim.run.measure, "_jax_installed", lambda: jax_installed)
+    monkeypatch.setattr(tpusim.run.measure, "probe_device", lambda *a: pytest.fail("JAX was asked for its device"))
     code = main(["run", "examples/mlp.py", "--target", "pjrt", *extra])
     captured = capsys.readouterr()
     assert code == 2 and captured.out == ""

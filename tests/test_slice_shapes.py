@@ -8,16 +8,16 @@ import json
 import pytest
 from factories import training_trace
 
-from tpusim.cli import main
-from tpusim.commands.compare import notes
+from tpusim.cli.compare import notes
+from tpusim.cli.main import main
 from tpusim.errors import TpusimError
+from tpusim.hardware.spec import available_chips, chips_dir, load_chip
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report
 from tpusim.report.html import render_html
 from tpusim.report.summary import summary_table
-from tpusim.slice_shapes import is_slice_shape
-from tpusim.spec import available_chips, chips_dir, load_chip
-from tpusim.topology import build_slice
+from tpusim.slice.shapes import is_slice_shape
+from tpusim.slice.topology import build_slice
 
 # Published shapes: Cloud TPU v5p doc's configurations table, the v5e/v6e docs' 1x1 ... 16x16 and
 # the v4 rule "A, B, C all <= 4 or all multiples of 4" (types-topologies).

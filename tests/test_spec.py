@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tpusim.chips_table import format_chips_table, source_document
+from tpusim.cli.chips_table import format_chips_table, source_document
 from tpusim.errors import TpusimError
-from tpusim.spec import (
+from tpusim.hardware.spec import (
     PLAIN_KEYS,
     TOPOLOGY_DIMS,
     ChipSpec,

@@ -17,13 +17,13 @@ from factories import training_trace
 
 from tpusim.errors import TpusimError
 from tpusim.pricing import price
+from tpusim.slice.topology import build_slice
 from tpusim.sweep import Grid, Point, load_recording, sweep
 from tpusim.sweep.cluster import run_points
 from tpusim.sweep.grid import load_grid_file, split_list
 from tpusim.sweep.pareto import pareto_flags
 from tpusim.sweep.point import price_point
-from tpusim.topology import build_slice
-from tpusim.trace import write_trace
+from tpusim.trace.records import write_trace
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the pricers below run on worker processes
 

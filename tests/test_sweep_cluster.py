@@ -16,9 +16,9 @@ import pytest
 from factories import training_trace
 
 from tpusim.pricing import price
+from tpusim.slice.topology import build_slice
 from tpusim.sweep import load_recording
-from tpusim.topology import build_slice
-from tpusim.trace import write_trace
+from tpusim.trace.records import write_trace
 
 DASK = [sys.executable, "-m", "dask"]
 

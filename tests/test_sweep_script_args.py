@@ -10,17 +10,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tpusim import cli
+from tpusim.cli import main as cli
 from tpusim.errors import TpusimError
 from tpusim.pricing import price
 from tpusim.report.steps import split_steps
+from tpusim.slice.topology import build_slice
 from tpusim.sweep import load_recording
 from tpusim.sweep.grid import load_grid_file
 from tpusim.sweep.pareto import pareto_flags
 from tpusim.sweep.record import run_command
 from tpusim.sweep.script_args import combinations, parse_script_arg, script_argv, script_axes, tokens_per_step
 from tpusim.sweep.write import sweep_table
-from tpusim.topology import build_slice
 
 SCRIPT = textwrap.dedent('''\
     """A tiny training loop whose activations grow with --batch-size (odd sizes are refused)."""

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tpusim.errors import TpusimError
-from tpusim.spec import ChipSpec, load_chip
-from tpusim.topology import (
+from tpusim.hardware.spec import ChipSpec, load_chip
+from tpusim.slice.topology import (
     AXIS_NAMES,
     Slice,
     build_slice,
@@ -365,7 +365,7 @@ def test_bisection_is_the_true_minimum_on_tiny_slices(spec: str, wrap: tuple[boo
 @pytest.mark.parametrize("spec, kwargs", [("2d:8x16", {}), ("1d:8", {"wrap": (True,)}),
                                           ("3d:4x4x8", {"twisted": True}), ("3d:16x16x24", {})])
 def test_draw_slice(tmp_path, spec: str, kwargs: dict) -> None:
-    from tpusim.topology_plot import draw_slice
+    from tpusim.slice.plot import draw_slice
 
     path = tmp_path / "slice.png"
     assert draw_slice(build_slice(spec, **kwargs), path) == str(path)

@@ -5,11 +5,14 @@ import subprocess
 import sys
 
 CODE = """
-import importlib, pkgutil, sys
+import importlib, sys
+from pathlib import Path
 import tpusim
-skipped = ("tpusim.backend", "tpusim.commands.run", "tpusim.__main__")
-names = [m.name for m in pkgutil.walk_packages(tpusim.__path__, "tpusim.")
-         if not any(m.name == s or m.name.startswith(s + ".") for s in skipped)]
+skipped = ("tpusim.backend", "tpusim.cli.run", "tpusim.__main__")
+root = Path(tpusim.__file__).parent
+found = (("tpusim",) + p.relative_to(root).with_suffix("").parts for p in sorted(root.rglob("*.py")))
+names = [".".join(parts[:-1] if parts[-1] == "__init__" else parts) for parts in found]
+names = [n for n in names if not any(n == s or n.startswith(s + ".") for s in skipped)]
 for name in names:
     importlib.import_module(name)
     if "torch" in sys.modules:

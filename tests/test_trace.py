@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tpusim.errors import TpusimError
-from tpusim.trace import (
+from tpusim.trace.records import (
     CollectiveRecord,
     CompileFacts,
     GraphBreak,

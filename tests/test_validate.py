@@ -12,12 +12,12 @@ import math
 
 import pytest
 
-from tpusim.calibration import PARAMETERS, CalibratedChip, Calibration, Parameter, calibrated, load_calibration
-from tpusim.cli import main
-from tpusim.compute import NO_TERMS, CalibrationTerms, calibration_terms, kernel_cost
+from tpusim.cli.main import main
 from tpusim.errors import TpusimError
-from tpusim.spec import load_chip
-from tpusim.trace import OpRecord
+from tpusim.hardware.calibration import PARAMETERS, CalibratedChip, Calibration, Parameter, calibrated, load_calibration
+from tpusim.hardware.compute import NO_TERMS, CalibrationTerms, calibration_terms, kernel_cost
+from tpusim.hardware.spec import load_chip
+from tpusim.trace.records import OpRecord
 from tpusim.validate import CASES, find_case, run_case, run_cases, summarise
 from tpusim.validate.case import KINDS
 from tpusim.validate.maxtext import RUNS, V5E_2023, V5P_2024, Decoder, mesh_groups, step_trace
@@ -170,8 +170,8 @@ def test_a_layers_dcn_gradient_all_reduce_is_a_ring_over_the_slices_at_the_hosts
     """The 32B v5e row on 32 slices: one layer's gradient shard (its matrices / 256 chips, bf16) is
     all-reduced over rank 0's DCN group, every chip of a host sending at once: 8 chips on 2 x 100 Gbps
     NICs, 3.125e9 B/s each. Ring: 2 (S-1) steps of (10 us + shard / (S x 3.125e9))."""
-    from tpusim.collectives import simulate_collective
-    from tpusim.topology import build_slice
+    from tpusim.network.collectives import simulate_collective
+    from tpusim.slice.topology import build_slice
 
     run = next(r for r in RUNS if r.name == "maxtext-v5e-32b-32xv5e-256")
     chip = dataclasses.replace(load_chip("v5e"), collective_overhead_ns=0.0)

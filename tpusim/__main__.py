@@ -1,5 +1,5 @@
 """``python -m tpusim``: the command line."""
 
-from tpusim.cli import main
+from tpusim.cli.main import main
 
 raise SystemExit(main())

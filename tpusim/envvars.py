@@ -5,10 +5,10 @@ turns the raw text into a value or raises ``TpusimError``, and the default). ``t
 ``check()`` before it loads the device, so a bad value is one line naming the variable, its value and
 what is accepted, instead of a failure deep inside the device's import. The modules that use a
 variable read it with ``read(name)`` (or their own typed reader for the device's settings,
-backend/config.py), so the check and the use cannot disagree.
+tpusim/backend/config.py), so the check and the use cannot disagree.
 
 TorchTPU's variables that select the eager mode (TORCH_TPU_LAUNCH_BLOCKING, ...) are TorchTPU's own:
-tpusim/eager.py treats a non-boolean as unset with a warning, as TorchTPU does, so they are not here.
+tpusim/eager/state.py treats a non-boolean as unset with a warning, as TorchTPU does, so they are not here.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpusim.eager.modes import MODES, get_mode
 from tpusim.errors import TpusimError
-from tpusim.modes import MODES, get_mode
-from tpusim.spec import load_chip
+from tpusim.hardware.spec import load_chip
 
 ON, OFF = ("on", "1", "true", "yes"), ("off", "0", "false", "no")
 # The record budget's default: a record costs about 0.8 KiB as a trace and each mode priced about 0.4-1 KiB
@@ -94,7 +94,7 @@ def _text(raw: str) -> str:
 
 
 def _eager_mode(raw: str) -> str:
-    return get_mode(raw).name                  # the registry of modes (tpusim/modes.py) owns the names
+    return get_mode(raw).name                  # the registry of modes (tpusim/eager/modes.py) owns the names
 
 
 def _chip(raw: str) -> object:
@@ -106,7 +106,7 @@ def _modes() -> str:
 
 
 VARIABLES: tuple[Variable, ...] = (
-    # the device (backend/config.py)
+    # the device (tpusim/backend/config.py)
     Variable("TPUSIM_CHIP", "a chip name (tpusim chips) or the path of a chip .toml file", _chip),
     Variable("TPUSIM_DEVICES", "a whole number 1..64", whole(1, 64)),
     Variable("TPUSIM_HBM_BYTES", "a whole number of bytes >= 0, e.g. 16e9 (0: unlimited)", whole(0)),
@@ -119,13 +119,13 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TPUSIM_DUMP_STABLEHLO", "a folder to write each compiled graph's StableHLO into", _text),
     Variable("TPUSIM_MAX_RECORDS", "a whole number of records >= 0, e.g. 2e6 (0: no limit)", whole(0),
              MAX_RECORDS_DEFAULT),
-    # distributed (backend/distributed/)
+    # distributed (tpusim/backend/distributed/)
     Variable("TPUSIM_RANKS", "one, all", _choice("one", "all")),
     Variable("TPUSIM_HANG_TIMEOUT_S", "seconds > 0, e.g. 300", _seconds, 300.0),
     Variable("TPUSIM_HANG_GRACE_S", "seconds > 0, e.g. 1", _seconds, 1.0),
-    # data (tpusim/spec.py)
+    # data (tpusim/hardware/spec.py)
     Variable("TPUSIM_TOPOLOGIES", "an existing folder holding chips/*.toml (a copy of topologies/)", _folder),
-    # TorchTPU's, read by backend/config.py
+    # TorchTPU's, read by tpusim/backend/config.py
     Variable("TORCH_TPU_DEVICES_PER_HOST", "a whole number >= 1", whole(1)),
 )
 BY_NAME = {v.name: v for v in VARIABLES}

@@ -9,7 +9,6 @@ partial report.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import runpy
 import sys
@@ -21,12 +20,8 @@ from tpusim.errors import TpusimError, plain_text, shown
 
 
 def _our_paths() -> tuple[str, ...]:
-    """tpusim/, the backend's folder (found without importing torch) and runpy itself."""
-    paths = [str(Path(__file__).resolve().parent), str(Path(runpy.__file__).resolve())]
-    backend = importlib.util.find_spec("tpusim.backend")
-    if backend is not None and backend.origin:
-        paths.append(str(Path(backend.origin).resolve().parent))
-    return tuple(paths)
+    """tpusim/ (the backend included) and runpy itself."""
+    return str(Path(__file__).resolve().parent), str(Path(runpy.__file__).resolve())
 
 
 _OUR_PATHS = _our_paths()

@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 import torch
+
 import tpusim.backend  # noqa: F401  (registers "tpu")
 
 

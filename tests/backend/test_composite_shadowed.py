@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import tpusim.backend as tb
 from torch import nn
-from tpusim.backend import fallback
 
-from tpusim.trace import OpRecord
+import tpusim.backend as tb
+from tpusim.backend import fallback
+from tpusim.trace.records import OpRecord
 
 
 def _forward_backward(module: nn.Module, x: torch.Tensor, device: str) -> tuple[torch.Tensor, ...]:

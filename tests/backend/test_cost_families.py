@@ -1,10 +1,9 @@
 """The cost rules and the op-family table agree: every op with a shape formula has the family that formula
-prices, and every family member that needs a formula has one (adding an op = one row in tpusim/ops.py plus,
-for contractions, attention and gathers, its formula in backend/costs.py)."""
+prices, and every family member that needs a formula has one (adding an op = one row in tpusim/trace/ops.py plus,
+for contractions, attention and gathers, its formula in tpusim/backend/costs.py)."""
 
 from tpusim.backend import costs
-
-from tpusim.ops import FAMILY_BY_OP, Family, family_of
+from tpusim.trace.ops import FAMILY_BY_OP, Family, family_of
 
 SHAPED_FAMILIES = {Family.CONTRACTION, Family.ATTENTION, Family.QUANTIZED_CONTRACTION, Family.GATHER_SCATTER}
 

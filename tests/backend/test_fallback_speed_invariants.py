@@ -16,18 +16,18 @@ from pathlib import Path
 
 import pytest
 import torch
-import tpusim.backend as tb
 from torch import nn
+
+import tpusim.backend as tb
 from tpusim.backend import costs, recorder
 from tpusim.backend.state import STATE
-
-from tpusim.trace import HostRecord, MemoryRecord, OpRecord, TensorMeta, Trace
-from tpusim.windows import BACKWARD_REASON
+from tpusim.eager.windows import BACKWARD_REASON
+from tpusim.trace.records import HostRecord, MemoryRecord, OpRecord, TensorMeta, Trace
 
 
 @contextmanager
 def _python_fallback() -> Iterator[None]:
-    """Every op through backend/fallback.py, as on a target other than the simulator."""
+    """Every op through tpusim/backend/fallback.py, as on a target other than the simulator."""
     STATE.shim.set_fast(False)
     try:
         yield

@@ -119,8 +119,9 @@ def run_shard(subset: str, shard: int, of: int, skip: frozenset[str] = frozenset
     import warnings
 
     import torch
-    import tpusim.backend  # noqa: F401  (before torch.testing, so PrivateUse1 is seen)
     from torch.testing._internal.common_methods_invocations import op_db
+
+    import tpusim.backend  # noqa: F401  (before torch.testing, so PrivateUse1 is seen)
 
     warnings.filterwarnings("ignore")
     ops = [op for op in op_db if subset == "full" or op.name in CI_OPS]

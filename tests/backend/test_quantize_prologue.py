@@ -1,5 +1,5 @@
 """A torch.compile'd int8 matmul: its quantize work (abs, amax, divide, round, clamp, cast) fuses into
-the matmul's prologue, as XLA fuses it (tpusim/fusion.py PROGRAM_PROLOGUES).
+the matmul's prologue, as XLA fuses it (tpusim/eager/fusion.py PROGRAM_PROLOGUES).
 
 The truth: CPU's result for the numbers; for the bytes, the closed form of one kernel that reads x, the
 int8 weights and the column scales once and writes only the float result.
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import tpusim.backend as tb
 
-from tpusim.fusion import fuse
-from tpusim.spec import load_chip
-from tpusim.trace import OpRecord
+import tpusim.backend as tb
+from tpusim.eager.fusion import fuse
+from tpusim.hardware.spec import load_chip
+from tpusim.trace.records import OpRecord
 
 
 def quantized_linear(x: torch.Tensor, w_int8: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:

@@ -3,12 +3,12 @@ of their input dtype (the chip's int8 or fp8 peak), not as elementwise work or a
 
 import pytest
 import torch
-import tpusim.backend as tb
 
-from tpusim.compute import kernel_cost
-from tpusim.ops import Family
-from tpusim.spec import load_chip
-from tpusim.trace import OpRecord
+import tpusim.backend as tb
+from tpusim.hardware.compute import kernel_cost
+from tpusim.hardware.spec import load_chip
+from tpusim.trace.ops import Family
+from tpusim.trace.records import OpRecord
 
 M, K, N = 512, 4096, 1024
 

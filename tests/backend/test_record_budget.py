@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
-import tpusim.backend as tb
 from factories import sgd_steps, train_linear
 from torch import nn
+
+import tpusim.backend as tb
+from tpusim import envvars
 from tpusim.backend import recorder
 from tpusim.backend.state import STATE
-
-from tpusim import envvars
 from tpusim.errors import TpusimError
-from tpusim.trace import StepMarker
+from tpusim.trace.records import StepMarker
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 6

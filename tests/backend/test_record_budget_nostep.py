@@ -1,4 +1,4 @@
-"""The record budget for a recording with no step marked yet (backend/recorder.py): it stops at exactly the
+"""The record budget for a recording with no step marked yet (tpusim/backend/recorder.py): it stops at exactly the
 budget, while the script runs (ops the shim runs natively never call Python: a watcher thread drains the
 log), the script runs on with exact numerics, and the report says it priced a prefix of the program."""
 
@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 import torch
-import tpusim.backend as tb
 from factories import sgd_steps, train_linear
 from torch import nn
+
+import tpusim.backend as tb
 from tpusim.backend import recorder
 from tpusim.backend.state import STATE
-
-from tpusim.trace import StepMarker
+from tpusim.trace.records import StepMarker
 
 ROOT = Path(__file__).resolve().parents[2]
 BUDGET = 200

@@ -1,8 +1,9 @@
-"""What backend/schema.py reads from an overload's schema, against the schemas' own text."""
+"""What tpusim/backend/schema.py reads from an overload's schema, against the schemas' own text."""
 
 from __future__ import annotations
 
 import torch
+
 from tpusim.backend import schema
 
 aten = torch.ops.aten

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+import tpusim
 from tpusim.backend.state import STATE
 from tpusim.backend.targets import TARGETS, flush_pending, select
 from tpusim.backend.targets.base import Target, use
 from tpusim.backend.targets.sim import SIM, run_kernel
-
-import tpusim
 
 
 class Counting(Target):

@@ -2,7 +2,7 @@
 (tied weights stay tied, an optimizer built before ``.to("tpu")`` keeps working) by the rules CUDA
 follows, and recurrent layers (RNN, GRU, LSTM and their cells) run forward and backward on tpu.
 
-Tolerances. The cells are bit-exact: the fused cell kernels (backend/kernels.py) run CPU's own op
+Tolerances. The cells are bit-exact: the fused cell kernels (tpusim/backend/kernels.py) run CPU's own op
 sequence, and the gate matmuls equal CPU's addmm (mm + bias == addmm for K <= 256 on MKL). The layers
 are compared with ``torch.testing.assert_close``'s float32 defaults (rtol 1.3e-6, atol 1e-5): ATen
 runs a layer differently per device, as it does on CUDA: on CPU the input projection of a whole
@@ -20,11 +20,11 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
-import tpusim.backend as tb
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
-from tpusim.trace import OpRecord
+import tpusim.backend as tb
+from tpusim.trace.records import OpRecord
 
 # ---------------------------------------------------------------- a GPT-2-like model with a tied head
 
@@ -212,7 +212,7 @@ def test_shape_only_mode_keeps_parameters_and_runs_rnns(python: object) -> None:
     proc = python("""
         import torch, tpusim.backend as tb
         from torch import nn
-        from tpusim.trace import OpRecord
+        from tpusim.trace.records import OpRecord
         model = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 50, bias=False))
         model[1].weight = model[0].weight
         w = model[0].weight

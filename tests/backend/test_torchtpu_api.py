@@ -1,4 +1,4 @@
-"""TorchTPU's public API on the tpu device (backend/torchtpu/): one test per name group of its ``torch.tpu``,
+"""TorchTPU's public API on the tpu device (tpusim/backend/torchtpu/): one test per name group of its ``torch.tpu``,
 ``torch.tpu.distributed``, ``torch.tpu.compiler`` and ``torch.tpu.ops`` tables, its environment variables, chip
 names and c10d backend names. The truth: TorchTPU's documented behaviour (names, types, defaults, errors) and CPU
 PyTorch for every number."""
@@ -14,15 +14,15 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.nn.functional as F
+
+import tpusim
 import tpusim.backend as tb
 from tpusim.backend.config import load_config
 from tpusim.backend.torchtpu import hardware
 from tpusim.backend.torchtpu import precision as precision_module
-
-import tpusim
 from tpusim.errors import TpusimError
-from tpusim.spec import load_chip
-from tpusim.trace import MatmulPrecision
+from tpusim.hardware.spec import load_chip
+from tpusim.trace.records import MatmulPrecision
 
 TPU_ENV = ("TPU_VISIBLE_DEVICES", "TPU_VISIBLE_CHIPS", "TORCH_TPU_TOPOLOGY", "TORCH_TPU_DEVICES_PER_HOST",
            "TPUSIM_DEVICES", "TPUSIM_DEVICE_CONFIG")

@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+
 import tpusim.backend as tb
 from tpusim.backend.config import CONFIG_ENV, DeviceConfig
-
 from tpusim.errors import TpusimError
-from tpusim.spec import chips_dir, load_chip
+from tpusim.hardware.spec import chips_dir, load_chip
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def test_defaults_come_from_the_chip() -> None:
 def test_bad_fields_are_named(field: str, value: object, accepted: str) -> None:
     with pytest.raises(TpusimError, match=f"DeviceConfig.{field}={value!r}; accepted: {accepted}"):
         DeviceConfig(chip=load_chip("v5e"), **{field: value})
-    with pytest.raises(TpusimError, match="DeviceConfig.chip='v5e'; accepted: a tpusim.spec.ChipSpec"):
+    with pytest.raises(TpusimError, match="DeviceConfig.chip='v5e'; accepted: a tpusim.hardware.spec.ChipSpec"):
         DeviceConfig(chip="v5e")
 
 
@@ -59,7 +59,7 @@ def test_given_fields_are_not_read_from_the_environment(monkeypatch: pytest.Monk
 def test_configure_takes_a_chip_from_any_file_before_the_first_tensor(python: object, chip_file: Path) -> None:
     proc = python(f"""
         import torch, tpusim.backend as tb
-        from tpusim.spec import load_chip
+        from tpusim.hardware.spec import load_chip
         chip = load_chip({str(chip_file)!r})
         tb.configure(tb.load_config(chip=chip, device_count=2))
         print(torch.tpu.device_count(), torch.tpu.get_device_name(), torch.tpu.mem_get_info()[1] == chip.hbm_bytes)

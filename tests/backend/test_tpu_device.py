@@ -8,6 +8,7 @@ import io
 
 import pytest
 import torch
+
 import tpusim.backend  # noqa: F401
 
 

@@ -1,4 +1,4 @@
-"""Eager modes on the device (tpusim/eager.py, backend/debug.py): selecting a mode, debug's
+"""Eager modes on the device (tpusim/eager/state.py, tpusim/backend/debug.py): selecting a mode, debug's
 NaN/Inf check at the op, the mode change in the trace, identical numerics in every mode."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import tpusim.backend as tb
 from torch import nn
-from tpusim.backend import debug
 
 import tpusim
-from tpusim import eager
+import tpusim.backend as tb
+from tpusim.backend import debug
+from tpusim.eager import state as eager
 from tpusim.errors import TpusimError
-from tpusim.trace import HostRecord
+from tpusim.trace.records import HostRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,8 +62,8 @@ def test_environment_sets_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_import_tpusim_stays_light() -> None:
-    code = ("import sys, tpusim; print('tpusim.eager' in sys.modules); "
-            "print(tpusim.get_eager_mode(), 'tpusim.eager' in sys.modules, 'torch' in sys.modules)")
+    code = ("import sys, tpusim; print('tpusim.eager.state' in sys.modules); "
+            "print(tpusim.get_eager_mode(), 'tpusim.eager.state' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "strict", "True", "False"]
 

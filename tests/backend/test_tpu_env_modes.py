@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+
 import tpusim.backend as tb
 
 
@@ -30,7 +31,7 @@ def test_out_of_memory_like_cuda(python: object) -> None:
 def test_capacity_comes_from_chip_spec(python: object) -> None:
     proc = python("""
         import torch, tpusim.backend
-        from tpusim.spec import load_chip
+        from tpusim.hardware.spec import load_chip
         spec = load_chip("v5e")
         assert torch.tpu.mem_get_info()[1] == spec.hbm_bytes
         assert torch.tpu.device_count() == spec.chips_per_host
@@ -78,7 +79,7 @@ def test_shape_only_mode(python: object) -> None:
     proc = python("""
         import torch, tpusim.backend as tb
         from torch import nn
-        from tpusim.trace import OpRecord
+        from tpusim.trace.records import OpRecord
         # about 12 GiB of parameters: far more than this machine could hold in numerics mode
         model = nn.Sequential(*[nn.Linear(16384, 16384, bias=False, device="tpu") for _ in range(12)])
         x = torch.randn(8, 16384, device="tpu")

@@ -1,4 +1,4 @@
-"""torch.tpu.ops kernels are priced by their own rules (backend/costs.py ``_TPU_KERNELS``), against closed forms:
+"""torch.tpu.ops kernels are priced by their own rules (tpusim/backend/costs.py ``_TPU_KERNELS``), against closed forms:
 splash attention as flash attention with its masked blocks skipped, ragged_dot as 2 M K N, the SparseCore
 lookups as nnz rows moved."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tpusim.backend.costs import op_cost
 
-from tpusim.ops import Family
+from tpusim.backend.costs import op_cost
+from tpusim.trace.ops import Family
 
 
 def test_splash_attention_full_and_causal_scores():

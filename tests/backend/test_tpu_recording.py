@@ -1,12 +1,12 @@
-"""Recording: the trace a tpu program emits (tpusim.trace records)."""
+"""Recording: the trace a tpu program emits (tpusim.trace.records records)."""
 
 from __future__ import annotations
 
 import torch
-import tpusim.backend as tb
 from torch import nn
 
-from tpusim.trace import HostRecord, MemoryRecord, OpRecord, StepMarker, read_trace, write_trace
+import tpusim.backend as tb
+from tpusim.trace.records import HostRecord, MemoryRecord, OpRecord, StepMarker, read_trace, write_trace
 
 
 def test_trace_of_a_training_step(tmp_path: object) -> None:
@@ -81,8 +81,7 @@ def test_not_recording_records_nothing() -> None:
 def test_public_collective_and_meta_api() -> None:
     """What the c10d backend uses: a collective's tensors get the op records' ids; meta lands in the trace."""
     from tpusim.backend import recorder
-
-    from tpusim.trace import CollectiveRecord
+    from tpusim.trace.records import CollectiveRecord
 
     x = torch.randn(4, 4, device="tpu")
     recorder.record_collective("all_reduce", 64, (0, 1), [x], [x])      # not recording: a no-op

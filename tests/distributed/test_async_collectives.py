@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from tpusim.collectives import closed_form_time
-from tpusim.compute import kernel_cost
-from tpusim.engine import simulate
-from tpusim.plan import raw_plan
-from tpusim.topology import build_slice
-from tpusim.trace import CollectiveRecord, OpRecord, read_trace
+from tpusim.hardware.compute import kernel_cost
+from tpusim.network.collectives import closed_form_time
+from tpusim.pricing.engine import simulate
+from tpusim.pricing.plan import raw_plan
+from tpusim.slice.topology import build_slice
+from tpusim.trace.records import CollectiveRecord, OpRecord, read_trace
 
 pytestmark = pytest.mark.slow      # a subprocess that imports torch and runs three 2048^2 matmuls on CPU
 

@@ -1,4 +1,4 @@
-"""Functional collectives inside torch.compile(backend="tpu") graphs (backend/collective_graph.py).
+"""Functional collectives inside torch.compile(backend="tpu") graphs (tpusim/backend/collective_graph.py).
 
 The schedule test builds an FX graph by hand (fast); the runs start `tpusim run` as a user does
 (slow: every rank compiles its graph)."""
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.fx
+
 from tpusim.backend.collective_graph import SegmentedGraph, schedule_for_overlap
 
 ROOT = Path(__file__).resolve().parents[2]

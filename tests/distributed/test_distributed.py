@@ -73,6 +73,7 @@ def test_ranks_all_ddp_fsdp2_and_tensor_parallel_match_one_device(tmp_path):
 
 def _launch(script: str, tmp_path: Path, world: int = 2):
     import torch  # noqa: F401
+
     from tpusim.backend.distributed.launcher import launch
 
     started = time.monotonic()

@@ -23,6 +23,7 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 def _launch(script: str, tmp_path: Path, env: dict | None = None):
     import torch  # noqa: F401
+
     from tpusim.backend.distributed.launcher import launch
 
     stream = io.StringIO()
@@ -103,12 +104,12 @@ def test_tpusim_run_reports_an_unmatched_send_and_writes_the_report(tmp_path):
 
 def test_ranks_stopped_part_way_are_cut_to_the_collectives_every_rank_reached():
     from factories import toy_chip
-    from tpusim.backend.distributed.runner import common_prefix
 
+    from tpusim.backend.distributed.runner import common_prefix
     from tpusim.errors import TpusimError
     from tpusim.pricing import price
-    from tpusim.topology import build_slice
-    from tpusim.trace import CollectiveRecord, OpRecord, Trace, renumber
+    from tpusim.slice.topology import build_slice
+    from tpusim.trace.records import CollectiveRecord, OpRecord, Trace, renumber
 
     def op(rank: int) -> OpRecord:
         return OpRecord(seq=0, op="aten::add", unit="vpu", dtype="float32", flops=1e6, rank=rank)
@@ -137,6 +138,7 @@ def test_a_sub_group_whose_ranks_are_not_0_to_n_meets_in_the_control_store():
     import threading
 
     import torch.distributed as dist
+
     from tpusim.backend.distributed.hang import Call, Control
 
     store = dist.HashStore()

@@ -112,6 +112,7 @@ def test_tpusim_run_prices_an_exchange_whose_two_directions_differ_in_size(tmp_p
 
 def _rank_threads(world: int, body) -> tuple[dict[int, str], float]:
     import torch.distributed as dist
+
     from tpusim.backend.distributed.hang import Control
     from tpusim.backend.distributed.p2p import Outbox
 
@@ -179,6 +180,7 @@ def test_a_blocking_send_is_told_apart_from_an_isend_by_its_caller(api, blocks):
     import torch
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
+
     from tpusim.backend.distributed.p2p import blocking_call
 
     seen = []

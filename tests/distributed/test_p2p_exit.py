@@ -71,8 +71,8 @@ def test_an_isend_never_waited_for_moves_at_exit_to_a_peer_that_receives_later(t
 def test_finishing_messages_at_exit_costs_nothing_without_messages(monkeypatch):
     """No open message (none sent, or all waited): the drain contacts nobody; a failed script is left alone."""
     import torch  # noqa: F401
-    from tpusim.backend.distributed import p2p, process_group, worker
 
+    from tpusim.backend.distributed import p2p, process_group, worker
     from tpusim.script import ScriptOutcome
 
     class Unreachable:
@@ -120,6 +120,7 @@ def test_ranks_one_ring_receives_this_ranks_own_send_and_the_caveat_names_recv(t
 
 def test_the_mirror_pairs_the_kth_recv_with_the_kth_send_and_keeps_a_bounded_number_of_copies():
     import torch
+
     from tpusim.backend.distributed.numerics import Mirror
 
     mirror, ring, other = Mirror(), (1, 0), (1, 5)                    # (offset, tag)

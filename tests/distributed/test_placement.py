@@ -4,8 +4,8 @@ the closed form says."""
 
 import pytest
 
-from tpusim.collectives import closed_form_time
 from tpusim.errors import TpusimError
+from tpusim.network.collectives import closed_form_time
 from tpusim.placement import (
     Mesh,
     apply_placement,
@@ -13,15 +13,15 @@ from tpusim.placement import (
     default_placement,
     distributed_info,
     enumerate_placements,
-    format_placements,
     logical,
     parse_placement,
     remap,
     trace_mesh,
 )
 from tpusim.pricing import price
-from tpusim.topology import build_slice
-from tpusim.trace import CollectiveRecord, InexactCollective, RanksOne, StepMarker, Trace, TraceMeta, renumber
+from tpusim.report.placements import format_placements
+from tpusim.slice.topology import build_slice
+from tpusim.trace.records import CollectiveRecord, InexactCollective, RanksOne, StepMarker, Trace, TraceMeta, renumber
 
 
 def mesh_of(shape, names=("fsdp", "tp")):

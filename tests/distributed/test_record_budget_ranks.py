@@ -1,4 +1,4 @@
-"""The record budget under --ranks all (backend/distributed/budget.py): each rank stops on its own budget,
+"""The record budget under --ranks all (tpusim/backend/distributed/budget.py): each rank stops on its own budget,
 the merged report is priced to the step every rank recorded and says which rank stopped where."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from tpusim.backend.distributed.budget import cut_to_step
 
-from tpusim.trace import HostRecord, StepMarker, Trace
+from tpusim.backend.distributed.budget import cut_to_step
+from tpusim.trace.records import HostRecord, StepMarker, Trace
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 8

@@ -87,7 +87,7 @@ def test_torchrun_trains_on_tpu_with_exact_numerics(backend: str) -> None:
                             cwd=ROOT, capture_output=True, text=True, timeout=600, env=_env())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     _check(_result(result.stdout), backend)
-    # the shim registers DDP's reducer timer for the tpu device (backend/csrc/ddp_timer.cpp)
+    # the shim registers DDP's reducer timer for the tpu device (tpusim/backend/csrc/ddp_timer.cpp)
     assert "Time stats are currently only collected" not in result.stdout + result.stderr
 
 

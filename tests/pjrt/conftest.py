@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 import tpusim.backend  # noqa: F401  (registers "tpu" before anything imports torch.testing)
 
 pytest.importorskip("jax", reason="the pjrt extra (jax[cpu]) is not installed")
@@ -22,9 +23,8 @@ def _seed() -> None:
 def _pjrt_enabled(mode: str) -> Iterator[object]:
     """The PJRT target in eager ``mode`` (``enable`` sets the process's eager mode), its stats reset; back to
     the sim target and the previous eager mode afterwards."""
-    from tpusim.backend.targets import pjrt
-
     import tpusim
+    from tpusim.backend.targets import pjrt
 
     previous = tpusim.get_eager_mode()
     pjrt.enable(mode)

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.utils._pytree as pytree
-import tpusim.backend  # noqa: F401  (import torch first, then the device)
 from torch._decomp import core_aten_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
+
+import tpusim.backend  # noqa: F401  (import torch first, then the device)
 from tpusim.backend import lowering
 
 # Reasoned skiplist: op_db entries whose semantics the table cannot or should not match.

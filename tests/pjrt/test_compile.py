@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-import tpusim.backend as tb
 from models import ElementwiseMLP, SmallTransformer, mlp_batch, train, transformer_batch
+
+import tpusim.backend as tb
 
 
 @pytest.fixture(autouse=True)
@@ -121,7 +122,7 @@ def _mlp_steps(compiled: bool, steps: int = 2) -> object:
 
 
 def test_a_compiled_training_step_is_recorded_as_a_forward_and_a_backward_program() -> None:
-    from tpusim.trace import OpRecord
+    from tpusim.trace.records import OpRecord
 
     trace = _mlp_steps(compiled=True)
     ops = [r for r in trace.records if isinstance(r, OpRecord)]
@@ -153,8 +154,8 @@ def test_the_compiled_program_prices_below_the_same_model_run_eagerly() -> None:
 
 
 def test_graph_breaks_and_recompiles_reach_the_trace_and_the_lint() -> None:
-    from tpusim.lint import lint
-    from tpusim.spec import load_chip
+    from tpusim.hardware.spec import load_chip
+    from tpusim.report.lint import lint
 
     compiled = torch.compile(_branchy, backend="tpu", dynamic=False)
     with tb.recording() as rec:
@@ -194,7 +195,7 @@ def test_tpusim_run_prices_a_compiled_model_in_shape_only_mode(tmp_path: object)
 def test_an_output_that_views_an_intermediate_is_written_where_its_readers_read() -> None:
     # The graph returns y.t(), a view of y, which is not itself an output: the op that computes y writes
     # the returned tensor's storage, so the eager op after the program reads what the program wrote.
-    from tpusim.trace import OpRecord
+    from tpusim.trace.records import OpRecord
 
     def f(x: torch.Tensor) -> torch.Tensor:
         return (x * 2 + 1).t()

@@ -1,4 +1,4 @@
-"""SDPA in torch.compile(backend="tpu") graphs: one fused op forward and backward (backend/flash_attention.py),
+"""SDPA in torch.compile(backend="tpu") graphs: one fused op forward and backward (tpusim/backend/flash_attention.py),
 numerics equal to CPU's SDPA, and priced by the flash-attention rule (no s x t tensor through HBM)."""
 
 from __future__ import annotations

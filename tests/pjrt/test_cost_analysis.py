@@ -1,4 +1,5 @@
-"""XLA's own cost model (``compiled.cost_analysis()``) against tpusim's cost rules (backend/costs.py), per op family.
+"""XLA's own cost model (``compiled.cost_analysis()``) against tpusim's cost rules (tpusim/backend/costs.py),
+per op family.
 
 Each case lowers one op through the lowering table, compiles it with XLA (on JAX's default
 device, CPU here), and compares FLOPs, transcendentals and bytes with ``costs.op_cost``. The
@@ -81,6 +82,7 @@ def _cases() -> dict[str, tuple]:
 
 def _xla_cost(op: object, args: tuple) -> dict:
     import jax
+
     from tpusim.backend.lowering import lookup, tensor_to_jax
 
     pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]

@@ -48,6 +48,7 @@ def test_every_core_aten_op_has_a_lowering() -> None:
 
 def test_dtype_promotion_follows_pytorch() -> None:
     import jax.numpy as jnp
+
     from tpusim.backend.lowering import lookup
 
     aten = torch.ops.aten

@@ -2,7 +2,7 @@
 clusters, gives CPU's numbers, and ends the clusters the simulator's fused mode prices for its trace.
 
 The truth: CPU results for numerics; for the cuts, the rule as TorchTPU states it (tests/
-test_fused_heuristics.py works the same programs by hand) and ``tpusim.fusion.fuse`` of the trace
+test_fused_heuristics.py works the same programs by hand) and ``tpusim.eager.fusion.fuse`` of the trace
 recorded while it ran. ``split`` has no case here: torch.tpu.ops' kernels run on the host (no lowering).
 """
 
@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 import pytest
 import torch
+
 import tpusim.backend as tb
 from tpusim.backend.targets import pjrt
-
-from tpusim.fusion import fuse
-from tpusim.spec import load_chip
+from tpusim.eager.fusion import fuse
+from tpusim.hardware.spec import load_chip
 
 
 def run_both(program: Callable[[str], torch.Tensor]) -> tuple[dict[str, int], dict[str, int]]:

@@ -1,5 +1,5 @@
 """The PJRT target: tpu ops through JAX in the eager mode (Strict and Debug: one jitted computation per op
-signature; Fused: tpusim.fusion's windows, tests/pjrt/test_pjrt_windows.py)."""
+signature; Fused: tpusim.eager.fusion's windows, tests/pjrt/test_pjrt_windows.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from models import ElementwiseMLP, SmallTransformer, mlp_batch, train, transformer_batch
-from tpusim.backend import debug
 
 import tpusim
+from tpusim.backend import debug
 
 MODES = ["strict", "fused"]
 

@@ -1,13 +1,13 @@
-"""Fused windows on the PJRT target are tpusim.fusion's windows: a program run here in fused mode while
+"""Fused windows on the PJRT target are tpusim.eager.fusion's windows: a program run here in fused mode while
 recording ends as many windows, for the same reasons, as ``fuse(trace.records, chip)`` prices.
 
-The independent truth is the simulator's model (tpusim/fusion.py) applied to the trace the device
-recorded; the PJRT side counts its own cuts as it runs (backend/targets/pjrt_fused.py). No
+The independent truth is the simulator's model (tpusim/eager/fusion.py) applied to the trace the device
+recorded; the PJRT side counts its own cuts as it runs (tpusim/backend/targets/pjrt_fused.py). No
 difference remains for these programs. The one that did: ``ElementwiseMLP`` calls ``abs``, whose
 composite kernel hands the fallback ``abs.out`` with an empty out= tensor; resized on the host, the
 fallback would copy it to fresh device memory right after the op, so it could not wait in the
 window. ``pjrt_fused.grow`` resizes it in device memory instead; the second test pins that down.
-Both sides feed the same ``tpusim.windows.WindowCutter``; the PJRT-only cuts (``pjrt_fused.OWN_CUTS``)
+Both sides feed the same ``tpusim.eager.windows.WindowCutter``; the PJRT-only cuts (``pjrt_fused.OWN_CUTS``)
 stay absent from both programs. What this target
 cannot see, ``tpusim.backend.step()`` and ``torch.tpu.synchronize()`` (no hook; neither needs a
 flush), is the one documented difference left: a test pins it to exactly those cuts.
@@ -18,15 +18,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-import tpusim.backend as tb
 from models import ElementwiseMLP, mlp_batch, train
 from torch import nn
+
+import tpusim.backend as tb
 from tpusim.backend.targets import pjrt
 from tpusim.backend.targets.pjrt_fused import OWN_CUTS
-
-from tpusim.fusion import FusionStats, fuse
-from tpusim.spec import load_chip
-from tpusim.windows import CUTS
+from tpusim.eager.fusion import FusionStats, fuse
+from tpusim.eager.windows import CUTS
+from tpusim.hardware.spec import load_chip
 
 STEPS = 3
 TAIL = 300                       # elementwise pairs after training: a loop-carried chain
@@ -144,8 +144,8 @@ os.environ.update(TPUSIM_RANKS="one", RANK="0", WORLD_SIZE="1")
 import torch, torch.distributed as dist
 import tpusim.backend as tb, tpusim.backend.distributed
 from tpusim.backend.targets import pjrt
-from tpusim.fusion import fuse
-from tpusim.spec import load_chip
+from tpusim.eager.fusion import fuse
+from tpusim.hardware.spec import load_chip
 pjrt.enable("fused")
 dist.init_process_group()
 x = torch.arange(4.0, device="tpu")
@@ -189,6 +189,7 @@ LAYOUTS = [  # (base shape, strides, offset), (view shape, strides, offset): vie
 @pytest.mark.parametrize(("base", "view"), LAYOUTS)
 def test_views_derived_from_a_pending_value_equal_torch_views(base: tuple, view: tuple) -> None:
     import jax.numpy as jnp
+
     from tpusim.backend.targets.pjrt_fused import derive, view_spec
 
     storage = torch.arange(64.0)

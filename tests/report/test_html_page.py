@@ -9,11 +9,11 @@ import html5lib
 import pytest
 from test_links_and_collectives import tp_trace
 
-from tpusim.lint import lint
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, write_report
+from tpusim.report.lint import lint
 from tpusim.report.summary import mode_rows
-from tpusim.topology import build_slice
+from tpusim.slice.topology import build_slice
 
 BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
 

@@ -8,8 +8,8 @@ from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report
 from tpusim.report.collectives import group_collectives
 from tpusim.report.text import percent_text, ratio_text, seconds_text
-from tpusim.topology import build_slice
-from tpusim.trace import CollectiveRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
+from tpusim.slice.topology import build_slice
+from tpusim.trace.records import CollectiveRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
 
 GRAD = TensorMeta(9, (2**20,), "float32", 2**22, 9)
 

@@ -5,8 +5,8 @@ import pytest
 
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report
-from tpusim.topology import build_slice
-from tpusim.trace import OpRecord, StepMarker, TensorMeta, Trace, renumber
+from tpusim.slice.topology import build_slice
+from tpusim.trace.records import OpRecord, StepMarker, TensorMeta, Trace, renumber
 
 N = 8192   # a multiple of every MXU size: no tile padding, so a matmul this big runs at the MXU peak
 

@@ -6,12 +6,12 @@ import time
 
 from factories import training_trace
 
-from tpusim.cli import main
-from tpusim.commands.compare import _ratio, notes
+from tpusim.cli.compare import _ratio, notes
+from tpusim.cli.main import main
 from tpusim.pricing import price
-from tpusim.progress import Progress
 from tpusim.report import RunInfo, build_report, write_report
-from tpusim.topology import build_slice
+from tpusim.run.progress import Progress
+from tpusim.slice.topology import build_slice
 
 
 def test_on_a_terminal_the_bar_shows_phase_records_and_rate():
@@ -73,7 +73,7 @@ def test_compare_notes_a_different_chip_and_torus(tmp_path):
 def test_script_prints_go_above_the_bar_whole_lines_only():
     from tqdm import tqdm
 
-    from tpusim.progress import _AboveBar
+    from tpusim.run.progress import _AboveBar
 
     out, bar_stream = io.StringIO(), io.StringIO()
     bar = tqdm(total=None, file=bar_stream, ncols=80, nrows=20)

@@ -6,13 +6,13 @@ from statistics import median
 import pytest
 from factories import A, B, C, training_trace
 
-from tpusim.lint import lint
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, summary_table
 from tpusim.report.headline import peak_of_dtypes
+from tpusim.report.lint import lint
 from tpusim.report.steps import split_steps
-from tpusim.topology import build_slice
-from tpusim.trace import CollectiveRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
+from tpusim.slice.topology import build_slice
+from tpusim.trace.records import CollectiveRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
 
 
 def mm(source: str, rows: int = 64, dtype: str = "bfloat16") -> OpRecord:
@@ -139,7 +139,7 @@ def test_a_collective_bound_step_reads_ici_with_its_lever():
 
 
 def test_ranks_all_counts_per_rank_everywhere():
-    from tpusim.trace import TraceMeta
+    from tpusim.trace.records import TraceMeta
 
     records = []
     for rank in range(4):

@@ -14,9 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pjrt"))
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 def test_transformer_trains_on_the_accelerator(mode: str) -> None:
     from models import SmallTransformer, train, transformer_batch
-    from tpusim.backend.targets import pjrt
 
     import tpusim
+    from tpusim.backend.targets import pjrt
 
     torch.manual_seed(0)
     ref = train(SmallTransformer(), transformer_batch(), 3, "cpu")

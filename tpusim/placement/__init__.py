@@ -39,9 +39,9 @@ from tpusim.placement.mesh import Mesh, Placement, Segment, default_placement, t
 from tpusim.placement.parse import parse_placement
 from tpusim.placement.remap import apply_placement, logical, remap
 from tpusim.placement.search import MAX_PLACEMENTS, enumerate_placements
-from tpusim.placement.text import describe_segments, format_placements
+from tpusim.placement.text import describe_segments
 
 __all__ = ["MAX_PLACEMENTS", "Distributed", "Mesh", "Placement", "PlacementComparison", "PricedPlacement",
            "Segment", "apply_placement", "compare", "default_placement", "describe_segments", "distributed_info",
-           "enumerate_placements", "format_placements", "logical", "parse_placement", "price_placement", "remap",
+           "enumerate_placements", "logical", "parse_placement", "price_placement", "remap",
            "trace_mesh", "why_best"]

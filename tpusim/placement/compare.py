@@ -10,16 +10,16 @@ from tpusim.placement.mesh import Mesh, Placement, trace_mesh
 from tpusim.placement.remap import logical, remap
 from tpusim.placement.search import MAX_PLACEMENTS, enumerate_placements
 from tpusim.placement.text import describe_segments, fmt_seconds
-from tpusim.timeline import Timeline, step_stats
-from tpusim.topology import Slice
-from tpusim.trace import CollectiveRecord, Trace
+from tpusim.pricing.timeline import Timeline, step_stats
+from tpusim.slice.topology import Slice
+from tpusim.trace.records import CollectiveRecord, Trace
 
 Simulate = Callable[[Trace, Slice], Timeline]   # a trace on a slice -> its priced Timeline
 
 
 @dataclass(frozen=True)
 class PricedPlacement:
-    """One placement's price: step time (``tpusim.timeline.step_stats``) and its collectives per mesh dim."""
+    """One placement's price: step time (``tpusim.pricing.timeline.step_stats``) and its collectives per mesh dim."""
 
     placement: str                     # "tp=x,fsdp=yz"
     total_s: float

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpusim.placement.mesh import default_placement, trace_mesh
-from tpusim.topology import Slice
-from tpusim.trace import InexactCollective, Trace
+from tpusim.slice.topology import Slice
+from tpusim.trace.records import InexactCollective, Trace
 
 EXACT = "exact (every rank ran)"
 

@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass
 
 from tpusim.errors import TpusimError
-from tpusim.topology import AXIS_NAMES, Slice
-from tpusim.trace import Mesh, Trace
+from tpusim.slice.topology import AXIS_NAMES, Slice
+from tpusim.trace.records import Mesh, Trace
 
 __all__ = ["Mesh", "Placement", "Segment", "Wanted", "assign", "check_fits", "default_placement", "trace_mesh"]
 

@@ -11,7 +11,7 @@ import re
 
 from tpusim.errors import TpusimError, plain_text, shown
 from tpusim.placement.mesh import Mesh, Placement, Wanted, assign, check_fits, default_placement
-from tpusim.topology import AXIS_NAMES, Slice
+from tpusim.slice.topology import AXIS_NAMES, Slice
 
 _PAIR = re.compile(r" *([A-Za-z_][A-Za-z0-9_.-]*) *= *((?:[xyz][0-9]*)+) *", re.ASCII)
 _SEG = re.compile(r"([xyz])([0-9]*)", re.ASCII)

@@ -8,8 +8,8 @@ import dataclasses
 from tpusim.errors import TpusimError
 from tpusim.placement.mesh import Placement, trace_mesh
 from tpusim.placement.parse import parse_placement
-from tpusim.topology import Slice
-from tpusim.trace import CollectiveRecord, Trace, TraceMeta
+from tpusim.slice.topology import Slice
+from tpusim.trace.records import CollectiveRecord, Trace, TraceMeta
 
 
 def remap(trace: Trace, slice_: Slice, placement: Placement) -> Trace:

@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Iterator
 
 from tpusim.placement.mesh import Mesh, Placement, Wanted, assign, check_fits, default_placement
-from tpusim.topology import Slice
+from tpusim.slice.topology import Slice
 
 MAX_PLACEMENTS = 24
 

@@ -1,15 +1,12 @@
-"""Placement in words: how a mesh dim's chips sit on the torus, and the lines `tpusim run` prints after its
-summary (the --ranks one caveat, the ranking and why the best placement wins)."""
+"""Placement in words: how a mesh dim's chips sit on the torus, and seconds as the ranking prints them."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tpusim.topology import AXIS_NAMES, Slice
+from tpusim.slice.topology import AXIS_NAMES, Slice
 
 if TYPE_CHECKING:
-    from tpusim.placement.compare import PlacementComparison
-    from tpusim.placement.distributed import Distributed
     from tpusim.placement.mesh import Segment
 
 
@@ -31,22 +28,3 @@ def fmt_seconds(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.3g} ms"
     return f"{seconds * 1e6:.3g} us"
-
-
-def format_placements(distributed: Distributed | None, comparison: PlacementComparison | None) -> str:
-    """Lines for the terminal after the summary: the --ranks one caveat, the ranking and why the best wins
-    ('' without either)."""
-    lines = []
-    if distributed and distributed.ranks == "one" and distributed.not_reference_correct:
-        kinds = sorted({e.kind for e in distributed.not_reference_correct})
-        lines.append(f"--ranks one: values after {', '.join(kinds)} follow the symmetry rule and are not "
-                     f"reference-correct (report.json: distributed)")
-    if comparison and comparison.ranked:
-        lines.append("placements (ranked by step time):")
-        for i, p in enumerate(comparison.ranked, 1):
-            lines.append(f"  {i}. {p.placement:<28} step {fmt_seconds(p.step_s):>10}  collectives "
-                         f"{fmt_seconds(p.collective_s):>10}")
-        lines.append(f"  {comparison.reason}")
-    elif comparison:
-        lines.append(f"placements: {comparison.reason}")
-    return "".join(line + "\n" for line in lines)

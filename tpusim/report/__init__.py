@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from tpusim.output import write_atomic
+from tpusim.pricing.timeline import Timeline
 from tpusim.report.html import render_html
 from tpusim.report.load import READ_VERSIONS, load_report
 from tpusim.report.measured import Measured, measured_section
 from tpusim.report.model import Interrupted, RunInfo, build_report, incomplete_reason
 from tpusim.report.perfetto import perfetto_trace
 from tpusim.report.summary import summary_table
-from tpusim.timeline import Timeline
 
 __all__ = ["READ_VERSIONS", "Interrupted", "Measured", "RunInfo", "build_report", "incomplete_reason", "load_report",
            "measured_section", "summary_table", "write_atomic", "write_report"]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tpusim.pricing.timeline import CollectiveRun
 from tpusim.report.text import resolved
-from tpusim.timeline import CollectiveRun
 
 
 def collective_entry(run: CollectiveRun) -> dict[str, Any]:

@@ -18,12 +18,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from tpusim.compute import mxu_peak_flops_per_s
 from tpusim.errors import TpusimError
+from tpusim.hardware.compute import mxu_peak_flops_per_s
+from tpusim.hardware.spec import ChipSpec
+from tpusim.pricing.timeline import Timeline
 from tpusim.report.steps import Steps
-from tpusim.spec import ChipSpec
-from tpusim.timeline import Timeline
-from tpusim.trace import OpRecord, Trace
+from tpusim.trace.records import OpRecord, Trace
 
 # What can bound a step: name -> (device_split terms it sums, words, lint codes that move it).
 # Adding a bound = one row here.

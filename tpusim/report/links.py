@@ -20,8 +20,8 @@ import itertools
 from collections import defaultdict
 from typing import Any
 
-from tpusim.network import channel_name
-from tpusim.timeline import Timeline
+from tpusim.network.links import channel_name
+from tpusim.pricing.timeline import Timeline
 
 BUSIEST_LISTED = 10
 DCN_AXES_FROM = 3      # axis numbers from 3 up are DCN channels: no torus symmetry to expand by

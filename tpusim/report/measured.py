@@ -14,10 +14,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tpusim.measure import JaxDevice, ModeRun
-from tpusim.timeline import step_stats
+from tpusim.pricing.timeline import step_stats
 
 BASELINE = "strict"
+
+
+@dataclass(frozen=True)
+class JaxDevice:
+    """JAX's default device, as the measured runs will see it."""
+
+    platform: str        # "tpu", "cpu", "gpu"
+    device_kind: str     # e.g. "TPU v5 lite", "cpu"
+    jax_version: str
+
+    @property
+    def is_tpu(self) -> bool:
+        return self.platform == "tpu"
+
+
+@dataclass(frozen=True)
+class ModeRun:
+    """One mode's measured run: a wall time per step (step i ends at its optimizer.step()) and in all."""
+
+    mode: str
+    steps_s: tuple[float, ...] = ()
+    total_s: float | None = None        # script start to end, pending device work included; None if unknown
+    exit_code: int = 0
+    error_type: str | None = None
+    error: str | None = None            # the user's traceback, or why the run gave no result
+    target_mode: str | None = None      # the PJRT target's own execution mode, as it reported it
 
 
 def not_tpu_note(platform: str) -> str:

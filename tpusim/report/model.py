@@ -2,7 +2,7 @@
 
 ``build_report`` is where the typed parts of a run become the JSON dict, once: what ran
 (``RunInfo``), the trace, the slice, one Timeline per mode, the lint warnings
-(``tpusim.lint.LintWarning``), and the optional sections (``tpusim.placement.Distributed``,
+(``tpusim.report.lint.LintWarning``), and the optional sections (``tpusim.placement.Distributed``,
 ``tpusim.placement.PlacementComparison``, ``tpusim.report.measured.Measured``).
 
 The same inputs give a byte-identical file: no wall-clock times (except in ``measured``, which
@@ -33,7 +33,7 @@ when it compares a version 3 report with an older one::
                                world_size, modes, numerics, target, tokens_per_step (--tokens-per-step; null)
     chip                       name, display_name and the peaks the report compares against
     slice                      Slice.to_dict(): chips, dims, wrap, links, diameter, bisection; shape_note
-                               (null, or why the shape is no slice the chip is offered in: tpusim/slice_shapes.py)
+                               (null, or why the shape is no slice the chip is offered in: tpusim/slice/shapes.py)
     program                    what one rank's trace holds: ops, collectives, syncs, steps, model_flops;
                                ranks_recorded (1, or every rank with --ranks all)
     modes.<mode>               one entry per eager mode priced (debug, strict, fused):
@@ -88,7 +88,7 @@ when it compares a version 3 report with an older one::
                                busy_links, simulated_links, busiest [{link, utilisation, bytes, simulated}],
                                per_chip [[coord, mean outgoing-link utilisation]]
       host_stalls              [{reason, source, seconds}] where the host waited for the device
-    warnings                   [{code, message, source}] (TPU-readiness lint; codes: tpusim/lint.py RULES)
+    warnings                   [{code, message, source}] (TPU-readiness lint; codes: tpusim/report/lint.py RULES)
     distributed                (tpusim run only) ranks ("one" | "all"), world_size, placement
                                ("tp=x,fsdp=yz"), numerics_rule, not_reference_correct [{kind, source,
                                count, why}]: --ranks one values that follow the symmetry rule
@@ -119,20 +119,20 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tpusim import __version__
-from tpusim.compute import mxu_peak_flops_per_s
 from tpusim.errors import TpusimError
-from tpusim.lint import LintWarning
+from tpusim.hardware.compute import mxu_peak_flops_per_s
+from tpusim.hardware.spec import ChipSpec
 from tpusim.placement import Distributed, PlacementComparison
+from tpusim.pricing.timeline import Timeline
 from tpusim.report.collectives import collective_entry, group_collectives
 from tpusim.report.headline import headline
 from tpusim.report.links import link_summary
+from tpusim.report.lint import LintWarning
 from tpusim.report.measured import Measured, measured_section
 from tpusim.report.steps import split_steps
 from tpusim.report.text import resolved
-from tpusim.spec import ChipSpec
-from tpusim.timeline import Timeline
-from tpusim.topology import Slice
-from tpusim.trace import CollectiveRecord, HostRecord, OpRecord, StepMarker, Trace
+from tpusim.slice.topology import Slice
+from tpusim.trace.records import CollectiveRecord, HostRecord, OpRecord, StepMarker, Trace
 
 SCHEMA = "tpusim-report"
 SCHEMA_VERSION = 3
@@ -224,7 +224,7 @@ def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str
         report["distributed"] = asdict(distributed)
     if placements is not None:
         report["placements"] = placements_section(placements)
-    if faults is not None:          # tpusim.faults.slowdown_section: the faulted slice against the healthy one
+    if faults is not None:          # tpusim.slice.faults.slowdown_section: the faulted slice against the healthy one
         report["faults"] = faults
     report = rounded(report)
     if measured is not None:        # after rounding: it compares with the rounded simulated medians

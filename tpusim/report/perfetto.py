@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tpusim.pricing.timeline import TRACKS, Timeline
 from tpusim.report.text import percent_text, seconds_text
-from tpusim.timeline import TRACKS, Timeline
 
 LINKS_PID = 1_000_000  # the "ICI links" process, after every chip's
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import median
 
-from tpusim.timeline import Timeline
+from tpusim.pricing.timeline import Timeline
 
 
 @dataclass(frozen=True)

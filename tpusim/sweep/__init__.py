@@ -18,7 +18,7 @@ from typing import Any
 
 from tpusim.errors import TpusimError
 from tpusim.sweep.grid import DEFAULT_PLACEMENT, Grid, Point
-from tpusim.trace import Trace
+from tpusim.trace.records import Trace
 
 __all__ = ["Grid", "Point", "Recording", "load_recording", "sweep", "sweep_script", "DEFAULT_PLACEMENT"]
 
@@ -38,7 +38,7 @@ class Recording:
 def load_recording(folder: str | Path) -> Recording:
     """A `tpusim run` report folder: its program.jsonl (required) and report.json (optional: defaults)."""
     from tpusim.report.load import load_report
-    from tpusim.trace import read_trace
+    from tpusim.trace.records import read_trace
 
     path = Path(folder)
     program = path / "program.jsonl" if path.is_dir() else path

@@ -20,7 +20,7 @@ from typing import Any
 from tpusim.errors import TpusimError
 from tpusim.sweep.grid import Point
 from tpusim.sweep.point import point_slice, price_point
-from tpusim.trace import Trace
+from tpusim.trace.records import Trace
 
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
 

@@ -39,8 +39,8 @@ class Grid:
     placements: tuple[str, ...] = (DEFAULT_PLACEMENT,)
 
     def __post_init__(self) -> None:
-        from tpusim.modes import resolve_modes
-        from tpusim.topology import parse_slices
+        from tpusim.eager.modes import resolve_modes
+        from tpusim.slice.topology import parse_slices
 
         for f in fields(self):
             if not getattr(self, f.name):

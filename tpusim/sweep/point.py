@@ -13,7 +13,7 @@ from typing import Any
 
 from tpusim.errors import TpusimError
 from tpusim.sweep.grid import DEFAULT_PLACEMENT, Point
-from tpusim.trace import Trace
+from tpusim.trace.records import Trace
 
 COLUMNS = ("chip", "topology", "slices", "mode", "placement", "chips", "status", "step_time_s", "total_s",
            "mfu", "tflops_per_s_per_chip", "tokens_per_s_per_chip", "hbm_peak_bytes", "hbm_peak_fraction",
@@ -22,7 +22,7 @@ COLUMNS = ("chip", "topology", "slices", "mode", "placement", "chips", "status",
 
 def point_slice(point: Point):
     """The point's Slice (bad chip/topology pairs raise TpusimError here, before any pricing)."""
-    from tpusim.topology import build_slice
+    from tpusim.slice.topology import build_slice
 
     return build_slice(point.topology, chip=point.chip, slices=point.slices)
 

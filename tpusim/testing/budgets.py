@@ -4,7 +4,7 @@ Why one module: ``tpusim check`` and the pytest plugin's ``tpusim_run`` read the
 and accept the same names (``--fail-on f64,host-sync``), so a budget passes or fails identically in
 both. Torch-free: it reads report.json's dict only (tpusim/report/model.py writes it).
 
-Adding a lint alias = one row in ``LINT_ALIASES`` (the codes themselves are ``tpusim.lint.RULES``).
+Adding a lint alias = one row in ``LINT_ALIASES`` (the codes themselves are ``tpusim.report.lint.RULES``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ _DURATION_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([a-
 
 
 def lint_codes() -> tuple[str, ...]:
-    """Every lint code report.json can hold (tpusim.lint.RULES)."""
-    from tpusim.lint import RULES
+    """Every lint code report.json can hold (tpusim.report.lint.RULES)."""
+    from tpusim.report.lint import RULES
 
     return tuple(RULES)
 

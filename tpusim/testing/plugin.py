@@ -127,7 +127,7 @@ def tpu(request: pytest.FixtureRequest) -> Iterator[TpuDevice]:
         problem = f"@pytest.mark.tpu({_options_text(options)}): {error}"
     if problem is not None:                 # outside the except: no "during handling" chain in the output
         pytest.fail(problem, pytrace=False)
-    from tpusim import eager
+    from tpusim.eager import state as eager
 
     previous = eager.set_eager_mode(device.mode)
     try:
@@ -146,10 +146,10 @@ def _configure(options: dict[str, Any]) -> TpuDevice:
     import torch
 
     import tpusim.backend as backend
-    from tpusim import eager
     from tpusim.backend.state import STATE
-    from tpusim.modes import get_mode
-    from tpusim.topology import build_slice, load_chip_arg
+    from tpusim.eager import state as eager
+    from tpusim.eager.modes import get_mode
+    from tpusim.slice.topology import build_slice, load_chip_arg
 
     current = STATE.config
     default = backend.load_config()          # what the environment asks for: a test's marker leaves the rest so

@@ -4,12 +4,12 @@ Each case (``case.Case``) is one published figure with its source, the chip, sli
 batch, precision and remat of the published run, and a predictor that prices the same setup:
 
 - ``scaling_book``: collectives and a matmul from the JAX scaling book (C1-C10, V18), priced with
-  ``tpusim.collectives.simulate_collective`` / ``tpusim.compute.kernel_cost``;
+  ``tpusim.network.collectives.simulate_collective`` / ``tpusim.hardware.compute.kernel_cost``;
 - ``maxtext``: MaxText's published training throughput on v5p, v5e and v4 (V23-V25), and Google's
   MLPerf Training v4.0 GPT-3 175B runs on 1024-6144 v5p chips (V2-V4, int8), a decoder step built
   from closed-form layer shapes and priced with ``tpusim.pricing.price`` in fused mode.
 
-``suite`` runs them against each chip's calibration (``tpusim.calibration``, files in
+``suite`` runs them against each chip's calibration (``tpusim.hardware.calibration``, files in
 ``topologies/calibration/``) and reports the error, held-out error and sensitivities.
 
 Adding a case = one ``Case`` in a module's ``CASES`` (listed in ``CASES`` below). Two published

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tpusim.spec import ChipSpec
+from tpusim.hardware.spec import ChipSpec
 
 KINDS = ("measured", "analytic")
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tpusim.calibration import PARAMETERS, Calibration, Parameter, load_calibration
 from tpusim.errors import TpusimError
+from tpusim.hardware.calibration import PARAMETERS, Calibration, Parameter, load_calibration
 from tpusim.validate.case import Case
 from tpusim.validate.suite import chip_for
 

@@ -61,12 +61,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tpusim.ops import Family
+from tpusim.hardware.spec import ChipSpec
 from tpusim.pricing import price
-from tpusim.spec import ChipSpec
-from tpusim.timeline import Timeline
-from tpusim.topology import build_slice
-from tpusim.trace import CollectiveRecord, OpRecord, Record, StepMarker, TensorMeta, Trace
+from tpusim.pricing.timeline import Timeline
+from tpusim.slice.topology import build_slice
+from tpusim.trace.ops import Family
+from tpusim.trace.records import CollectiveRecord, OpRecord, Record, StepMarker, TensorMeta, Trace
 from tpusim.validate.case import Case, Prediction
 
 MAXTEXT = "https://github.com/AI-Hypercomputer/maxtext"
@@ -315,7 +315,7 @@ def step_trace(run: Run, chip: ChipSpec, steps: int = 2, train: bool = True) -> 
     def attention(name: str, inputs: tuple[TensorMeta, ...], outputs: tuple[TensorMeta, ...], matmuls: int,
                   flops_per_score: float) -> None:
         """Flash attention over B sequences x H local heads computing ``attention_kept`` of the scores
-        (tpusim's backend rule for scaled_dot_product_attention, backend/costs.py)."""
+        (tpusim's backend rule for scaled_dot_product_attention, tpusim/backend/costs.py)."""
         scores = B * H * S * S * model.attention_kept
         b.op(name, Family.ATTENTION, inputs, outputs, flops=scores * (flops_per_score + 5.0), transcendentals=scores,
              matmul=(max(1, round(matmuls * scores / (S * S))), S, model.head_dim, S))

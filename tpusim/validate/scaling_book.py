@@ -10,18 +10,18 @@ pen-and-paper answers (``kind="analytic"``): formula checks, reported apart from
 Held out for good and absent here: the book's latency-bound small-message all-gather measured on
 v5e (Pop Quiz 2, part 2).
 
-Every size below is V in tpusim's sense (``tpusim.collectives``): all_gather = output bytes per chip,
+Every size below is V in tpusim's sense (``tpusim.network.collectives``): all_gather = output bytes per chip,
 reduce_scatter = input bytes per chip, all_reduce = the buffer, permute = what each chip sends.
 """
 
 from __future__ import annotations
 
-from tpusim.collectives import algorithm_cost, simulate_collective
-from tpusim.collectives.groups import resolve
-from tpusim.compute import kernel_cost
-from tpusim.spec import ChipSpec
-from tpusim.topology import build_slice
-from tpusim.trace import OpRecord
+from tpusim.hardware.compute import kernel_cost
+from tpusim.hardware.spec import ChipSpec
+from tpusim.network.collectives import algorithm_cost, simulate_collective
+from tpusim.network.collectives.groups import resolve
+from tpusim.slice.topology import build_slice
+from tpusim.trace.records import OpRecord
 from tpusim.validate.case import Case, Prediction
 
 BOOK = "https://jax-ml.github.io/scaling-book"
@@ -59,7 +59,7 @@ def _collective(topology: str, kind: str, nbytes: float, *, axes=None, group=Non
 
 
 def _matmul(m: int, k: int, n: int):
-    """A predictor: one bf16 matmul [m, k] x [k, n] on one chip (``tpusim.compute.kernel_cost``)."""
+    """A predictor: one bf16 matmul [m, k] x [k, n] on one chip (``tpusim.hardware.compute.kernel_cost``)."""
 
     def predict(chip: ChipSpec) -> Prediction:
         op = OpRecord(seq=0, op="aten::mm", unit="mxu", dtype="bfloat16", flops=2.0 * m * k * n,
@@ -165,5 +165,5 @@ CASES: tuple[Case, ...] = (
         published="96 ms (profile; the book predicts 95.6 ms)", published_s=96e-3,
         source=PROFILING, where="'How to Profile TPU Programs', 'Looking at a real(ish) example profile', FFW block",
         predict=_matmul(8 * 1024, 8192, 16384),
-        model="per-op roofline with MXU tile padding (tpusim.compute.kernel_cost); v2 peak 23e12 FLOP/s per core"),
+        model="per-op roofline with MXU tile padding (hardware.compute.kernel_cost); v2 peak 23e12 FLOP/s per core"),
 )

@@ -1,7 +1,7 @@
 """Run fidelity cases: predicted vs published, errors, held-out statistics, explanations.
 
 ``run_cases(cases, calibration=True)`` prices each case on its chip with that generation's
-calibration (``tpusim.calibration``; ``False`` = the datasheet chip) and returns one ``Result`` per
+calibration (``tpusim.hardware.calibration``; ``False`` = the datasheet chip) and returns one ``Result`` per
 case. A case is *held out* when no parameter of its chip's calibration lists it in ``fitted_on``;
 ``summarise`` reports the error over measured cases, over the held-out ones among them, and over
 the analytic formula checks, separately. ``explain`` says where a case's predicted time goes and how
@@ -14,9 +14,9 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpusim.calibration import Calibration, calibrated, calibration_dir, load_calibration
 from tpusim.errors import TpusimError
-from tpusim.spec import ChipSpec, available_chips, load_chip
+from tpusim.hardware.calibration import Calibration, calibrated, calibration_dir, load_calibration
+from tpusim.hardware.spec import ChipSpec, available_chips, load_chip
 from tpusim.validate.case import Case, Prediction
 
 SENSITIVITY_STEP = 0.10      # each calibrated parameter is perturbed by +10% for --explain

@@ -11,8 +11,7 @@ import torch.distributed as dist
 os.environ.update(TPUSIM_RANKS="one", TPUSIM_NUMERICS="off", RANK="0", WORLD_SIZE="64")
 import tpusim.backend as tb  # noqa: E402
 import tpusim.backend.distributed  # noqa: E402,F401
-
-from tpusim.trace import write_trace  # noqa: E402
+from tpusim.trace.records import write_trace  # noqa: E402
 
 N, V = 2048, 2**20           # a 2048^2 bf16 matmul (~37 us on v5p); a 2 MiB bf16 gradient (~21 us all-reduced)
 dist.init_process_group()

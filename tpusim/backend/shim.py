@@ -1,0 +1,97 @@
+"""Compile (once) and load the C++ shim in tpusim/backend/csrc/.
+
+Why at first import and not at ``pip install``: the shim must be built against the torch that
+is imported, never against a second copy pip would fetch into an isolated build environment.
+The build is cached under ``$TORCH_EXTENSIONS_DIR/tpusim`` (else ``~/.cache/tpusim``) in a folder
+named by a hash of the sources and the torch/Python versions, so it is rebuilt only when one of
+those changes; later imports load the cached library directly (no compiler, no ninja).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = ("runtime.cpp", "kernels.cpp", "autocast.cpp", "attention.cpp", "fallback.cpp", "record.cpp",
+           "ddp_timer.cpp", "module.cpp")
+HEADERS = ("tpu_shim.h",)
+
+
+def cache_root() -> Path:
+    """Where builds go: TORCH_EXTENSIONS_DIR/tpusim, else ~/.cache/tpusim."""
+    base = os.environ.get("TORCH_EXTENSIONS_DIR")
+    return Path(base) / "tpusim" if base else Path.home() / ".cache" / "tpusim"
+
+
+def _digest() -> str:
+    h = hashlib.sha256()
+    h.update(f"{torch.__version__}|{sys.version_info[:2]}|{sysconfig.get_platform()}".encode())
+    for name in SOURCES + HEADERS:
+        h.update(name.encode())
+        h.update((CSRC / name).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def _import_file(name: str, path: Path) -> ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
+def load() -> ModuleType:
+    """The compiled shim module; builds it first if this source version was never built here."""
+    digest = _digest()
+    name = f"tpusim_shim_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    build_dir = cache_root() / f"shim-{digest}"
+    library = build_dir / f"{name}.so"
+    done_marker = build_dir / "ok"
+    if library.exists() and done_marker.exists():
+        return _import_file(name, library)
+    return _build(name, build_dir, done_marker)
+
+
+def _build(name: str, build_dir: Path, done_marker: Path) -> ModuleType:
+    from torch.utils import cpp_extension  # only when building: it pulls in setuptools, slow at `import torch`
+
+    build_dir.mkdir(parents=True, exist_ok=True)
+    log = build_dir / "build.log"
+    print("tpusim: compiling the tpu device shim (first use, ~1 min)...", end="", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    try:
+        module = cpp_extension.load(
+            name=name,
+            sources=[str(CSRC / s) for s in SOURCES],
+            extra_include_paths=[str(CSRC)],
+            extra_cflags=["-O2", "-Wno-unused-parameter"],
+            build_directory=str(build_dir),
+            verbose=False,
+        )
+    except Exception as err:  # compiler missing, headers mismatch, ...
+        log.write_text(f"{type(err).__name__}: {err}\n")
+        print(" failed", file=sys.stderr, flush=True)
+        compiler = os.environ.get("CXX", "c++")
+        errors = [line for line in str(err).splitlines() if "error" in line.lower()][:5]
+        raise RuntimeError(
+            f"tpusim: could not compile the tpu device shim with {compiler!r} (torch {torch.__version__}). "
+            f"Build log: {log}. Fix: install a C++17 compiler (gcc >= 9) and ninja, or point CXX at one; "
+            f"set TORCH_EXTENSIONS_DIR to build elsewhere. First errors:\n" + "\n".join(errors)
+        ) from err
+    done_marker.write_text(f"built in {time.perf_counter() - start:.1f} s\n")
+    print(f" done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    return module

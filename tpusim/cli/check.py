@@ -1,0 +1,149 @@
+"""``tpusim check SCRIPT``: a readiness gate for CI. Runs the script as ``tpusim run`` does (the same code:
+tpusim/cli/run.py), then checks the report against budgets and lint codes.
+
+Exit codes (documented in README "Use in your CI"): 0 every check passed; 1 a budget or lint rule failed;
+2 bad input (a flag, a topology, a missing script); 3 the script itself failed. The summary is a few lines
+(or JSON with ``--json``), and ``--junit FILE`` writes JUnit XML for CI test-result views.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tpusim.errors import TpusimError
+from tpusim.testing.budgets import Budgets, Check, evaluate, parse_hbm, parse_lint_list, parse_seconds, script_check
+
+OK, FAILED, BAD_INPUT, SCRIPT_FAILED = 0, 1, 2, 3
+
+EXAMPLES = """\
+exit codes: 0 ok, 1 a budget or lint rule failed, 2 bad input, 3 the script failed
+
+examples:
+  python -m tpusim check examples/mlp.py --max-step-time 5ms --fail-on f64,host-sync
+  python -m tpusim check train.py --topology 3d:4x4x4 --chip v5p --max-hbm 0.9 --junit tpusim.xml
+  python -m tpusim check train.py --mode strict,fused --max-step-time 20ms --json -- --batch 64
+"""
+
+
+def add_parser(subparsers) -> None:
+    from tpusim.eager.modes import DEFAULT_MODE
+
+    parser = subparsers.add_parser(
+        "check", help="CI gate: run a script and fail on step-time / HBM budgets or lint findings",
+        description=__doc__.replace("``", ""), epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("script", metavar="SCRIPT", help="the Python file to run, e.g. train.py")
+    parser.add_argument("--topology", metavar="SPEC", help="slice shape, e.g. 3d:4x4x4 (default: one chip)")
+    parser.add_argument("--chip", help="chip generation, e.g. v5p, v6e")
+    parser.add_argument("--mode", default=DEFAULT_MODE, help=f"eager mode(s) (default {DEFAULT_MODE}); "
+                                                              f"budgets apply to every mode given")
+    parser.add_argument("--numerics", choices=("on", "off"), default="on", help="off: shape-only run")
+    parser.add_argument("--placement", metavar="MAP", help="DeviceMesh dims -> torus axes, e.g. 'tp=x,fsdp=yz'")
+    parser.add_argument("--max-step-time", metavar="T", type=_flag(parse_seconds),
+                        help="fail when the median steady-state step is slower than T (12ms, 0.5s)")
+    parser.add_argument("--max-hbm", metavar="F", type=_flag(parse_hbm),
+                        help="fail when the HBM peak is above F: a share of the chip's HBM (0.9, 90%%) or a size "
+                             "(12GiB)")
+    parser.add_argument("--fail-on", metavar="LINT,...", type=_flag(parse_lint_list), default=(),
+                        help="fail on these lint codes (float64 alias f64, host-sync, mxu-padding, hbm, recompile, "
+                             "comm-bound, graph-break, ...; or all)")
+    parser.add_argument("--junit", metavar="FILE", help="also write the checks as JUnit XML to FILE")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout (the script's "
+                                                            "own output then goes to stderr)")
+    parser.add_argument("--out", metavar="DIR", help="the full report's folder (default "
+                                                     "reports/check-<script>-<time>)")
+    parser.set_defaults(run=run, script_args=[])
+
+
+def _flag(parse):
+    """A budget parser as an argparse type: its TpusimError becomes argparse's one-line usage error (exit 2)."""
+    def convert(text: str):
+        try:
+            return parse(text)
+        except TpusimError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def default_out_dir(script: str) -> Path:
+    """reports/check-<script>-<time>-<pid>: a CI job can upload it as an artifact; two checks never share one."""
+    return Path("reports") / f"check-{Path(script).stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def run_arguments(args: argparse.Namespace, out_dir: Path) -> argparse.Namespace:
+    """The ``tpusim run`` arguments for this check, parsed by run's own parser (so every default is run's)."""
+    from tpusim.cli import run as run_command
+
+    parser = argparse.ArgumentParser(prog="tpusim check", add_help=False)
+    run_command.add_parser(parser.add_subparsers())
+    argv = ["run", args.script, "--quiet", "--out", str(out_dir), "--mode", args.mode, "--numerics", args.numerics]
+    for flag, value in (("--topology", args.topology), ("--chip", args.chip), ("--placement", args.placement)):
+        if value is not None:
+            argv += [flag, value]
+    namespace = parser.parse_args(argv)
+    namespace.script_args = list(args.script_args)
+    return namespace
+
+
+def run(args: argparse.Namespace) -> int:
+    from tpusim.cli import run as run_command
+    from tpusim.report.load import load_report
+
+    if args.junit is not None and not Path(args.junit).parent.is_dir():
+        raise TpusimError(f"--junit {args.junit!r}: its folder {str(Path(args.junit).parent)!r} does not exist")
+    budgets = Budgets(args.max_step_time, args.max_hbm, tuple(args.fail_on))
+    out_dir = Path(args.out) if args.out else default_out_dir(args.script)
+    started = time.perf_counter()
+    # with --json stdout carries only the summary: the script's prints and run's table go to stderr
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        code = run_command.run(run_arguments(args, out_dir))
+    report = load_report(out_dir)[0] if (out_dir / "report.json").is_file() else None
+    if report is None:                      # run stopped before writing a report (Ctrl-C)
+        return code or BAD_INPUT
+    script = script_check(report)
+    checks = [script] + (evaluate(report, budgets) if script.passed else [])
+    status = (SCRIPT_FAILED if not script.passed else
+              OK if all(c.passed for c in checks) and code == 0 else
+              code if code in (BAD_INPUT, 130) else FAILED)
+    if args.junit:
+        from tpusim.output import write_atomic
+        from tpusim.testing.junit import junit_xml
+
+        write_atomic(args.junit, junit_xml(f"tpusim check {report['run']['script']}", checks,
+                                           time.perf_counter() - started))
+    summary = summarise(report, checks, status, str(out_dir))
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(summary_text(summary))
+    return status
+
+
+def summarise(report: dict[str, Any], checks: list[Check], status: int, out: str) -> dict[str, Any]:
+    """The machine-readable summary (``--json``): the verdict, each check, each mode's headline numbers."""
+    words = {OK: "ok", FAILED: "failed", BAD_INPUT: "bad input", SCRIPT_FAILED: "script failed"}
+    return {
+        "status": words.get(status, "interrupted"), "exit_code": status,
+        "script": report["run"]["script"], "topology": report["run"]["topology"], "chip": report["run"]["chip"],
+        "modes": {mode: {"step_time_s": entry["step_time_median_s"], "hbm_peak_bytes": entry["hbm"]["peak_bytes"],
+                         "hbm_peak_fraction": entry["hbm"].get("peak_fraction"), "mfu": entry["mfu"]}
+                  for mode, entry in report["modes"].items()},
+        "checks": [{"name": c.name, "passed": c.passed, "message": c.message} for c in checks],
+        "lint": sorted({w["code"] for w in report["warnings"]}),
+        "report": out,
+    }
+
+
+def summary_text(summary: dict[str, Any]) -> str:
+    lines = [f"{'PASS' if c['passed'] else 'FAIL'} {c['name']}: {c['message']}" for c in summary["checks"]]
+    failed = sum(not c["passed"] for c in summary["checks"])
+    lines.append(f"tpusim check: {summary['status']} ({failed} of {len(summary['checks'])} checks failed; "
+                 f"exit code {summary['exit_code']})")
+    return "\n".join(lines)

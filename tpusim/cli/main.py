@@ -1,0 +1,85 @@
+"""``python -m tpusim``: one dispatcher, one module per subcommand under tpusim/cli/.
+
+Adding a subcommand = one module with ``add_parser(subparsers)`` and ``run(args) -> int``,
+listed in ``COMMANDS``. Bad input (``TpusimError``) is printed as one line with exit code 2; Ctrl-C that
+reaches here (no report to save: `tpusim run` handles its own once the script has run) is one line and 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from tpusim import __version__
+from tpusim.errors import TpusimError
+
+# subcommand name -> module under tpusim.cli (imported lazily: `run` pulls in torch)
+COMMANDS = {
+    "chips": "chips",
+    "topology": "topology",
+    "collective": "collective",
+    "run": "run",
+    "compare": "compare",
+    "validate": "validate",
+    "check": "check",
+    "sweep": "sweep",
+}
+
+DESCRIPTION = """\
+tpusim: run PyTorch programs on a simulated TPU slice and see what they would cost.
+
+examples:
+  python -m tpusim chips                         # TPU generations and their key numbers
+  python -m tpusim topology 3d:8x8x8             # a 512-chip v5p slice: links, wrap, bisection
+  python -m tpusim collective all_reduce --bytes 1GiB --topology 3d:4x4x4
+  python -m tpusim run examples/transformer.py --topology 3d:8x8x8 --mode all
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tpusim", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"tpusim {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMANDS.values():
+        module = _command_module(module_name)
+        if module is not None:
+            module.add_parser(subparsers)
+    return parser
+
+
+def _command_module(module_name: str):
+    try:
+        return importlib.import_module(f"tpusim.cli.{module_name}")
+    except ModuleNotFoundError as missing:
+        if missing.name == f"tpusim.cli.{module_name}":
+            return None  # a command whose module is not part of this build
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # everything after the first "--" belongs to the user's script (`tpusim run model.py -- --lr 1`)
+    script_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    parser = build_parser()
+    args = parser.parse_args(argv[:len(argv) - len(script_args) - (1 if "--" in argv else 0)])
+    if script_args:
+        args.script_args = script_args
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args) or 0)
+    except TpusimError as error:
+        print(f"tpusim {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `tpusim ... | head`
+        return 0
+    except KeyboardInterrupt:  # Ctrl-C before the script ran, or in a command with no report to save
+        print(f"\ntpusim {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

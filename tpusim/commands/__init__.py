@@ -1,1 +1,0 @@
-"""One module per ``python -m tpusim`` subcommand: ``add_parser(subparsers)`` and ``run(args)``."""

@@ -1,0 +1,580 @@
+"""Fused eager: cut the op stream into windows and group each window into fused kernels.
+
+Why: every eager op on a TPU is one kernel launch that reads its inputs from HBM and writes
+its outputs back. A fused kernel pays one launch and keeps the values that never leave it in
+on-chip memory, so a chain of small elementwise ops costs about what its first input and last
+output cost to move. ``fuse(records, chip)`` is a pure trace transform; ``tpusim.eager.modes``
+turns it into the Fused eager policy.
+
+**Windows** (TorchTPU's clusters: what the host defers before anything runs, compiled as one
+executable) end where ``tpusim.eager.windows.WindowCutter`` says: at host syncs and copies,
+collectives, non-fusible ops (role ``opaque``: SparseCore and DMA work, ops without counted
+work, the opaque family of ``tpusim.trace.ops``; they run alone), step markers, a change of eager
+mode, the end of backward(), and by TorchTPU's heuristics (stale, forced split, dynamic shapes,
+repeated layers; the cutter's docstring says what each does; a value with two consumers is an
+output of its cluster, not a cut). ``op_node`` is what the cutter
+sees of an op (the PJRT fused target feeds it the same for the ops it runs, so both make the
+same clusters). Each kernel of a cluster carries its number and the rule that ended it
+(``FusedKernel.cluster``, ``.cut``): the compile cache keys the cluster as one region.
+
+**Grouping.** Within a window, ops are taken in program order and grouped by data
+dependence (which write of which storage id each input reads). An op joins the kernel(s)
+that produced its inputs when the rules of its role allow (``RULES``):
+
+- elementwise ops join their producers (chains, and prologues/epilogues of anchors);
+- a reduction joins its producers (elementwise prologue); later elementwise ops join it
+  (epilogue); at most one anchor (reduction or contraction) per kernel;
+- a contraction (matmul, convolution: the MXU) never takes its producers into its kernel
+  (no prologue), but elementwise consumers join it as epilogues.
+
+If an op reads from several kernels, they merge when the merged kernel keeps one anchor,
+keeps contractions without prologue, and creates no cycle (a kernel outside it that needs
+it and that it needs); otherwise the op joins its most recent compatible producer, or
+starts a kernel. Write-after-read and write-after-write on a storage are ordering edges
+too. Kernels are emitted in a dependency order (earliest first op first).
+
+**Bytes.** A fused kernel reads each value that enters it once and writes the values that
+leave it. A value produced in the kernel is read from on chip by the kernel's own ops; it
+stays on chip (its write is not counted) when all its readers are in the kernel and it dies
+inside the window: its storage is freed, or wholly overwritten, before the window ends. A
+value read later (saved for backward, read by a collective or another kernel) or still held
+by the user when the window ends leaves the kernel: the user may read it (``.cpu()`` does not
+name the tensors it copies, so "held at the cut" is the safe test).
+
+**On-chip capacity.** XLA tiles a fused kernel: a value made and used inside it streams through
+VMEM a tile at a time and never needs room for the whole tensor. The exception is a reduction
+whose result is read inside the same kernel (``x / x.abs().amax()``, softmax, an int8 quantize):
+the kernel runs in phases, each reduction ending one, and a value read in a later phase than the
+one that made it (or an entering value read in two phases) must be held whole across the
+barrier. Held values must fit ``chip.vmem_bytes`` (one TensorCore's VMEM) together; when they do
+not, the largest go through HBM: a held intermediate's write and its reads, an entering value's
+read once more per later phase (``spilled_bytes``). The kernel is not split, so its launch count
+stays.
+
+**Memory records** of a window stay as close to their ops as the kernel order allows: an
+alloc goes just before the first kernel holding an op that followed it, a free just after
+the last kernel holding an op that preceded it. The alloc/free pairs of storages whose every
+value stayed on chip are dropped (they never touch HBM).
+
+**Compiled programs** (ops recorded with ``program`` > 0: one execution of a torch.compile'd
+graph, lowered to one XLA program) are fused in every mode, each execution as one window of
+its own with no size limit: XLA sees the whole graph. Opaque ops in it run as kernels alone
+(they do not cut it); an int8/fp8 matmul takes its quantize work (abs, amax, divide, round, clamp,
+cast) as its prologue (``PROGRAM_PROLOGUES``), as XLA fuses it. Values that never leave the graph
+were recorded with an alloc before their producer and a free after their last reader, so the on-chip rule above keeps an
+intermediate out of HBM exactly when its producer and readers share a kernel; values crossing
+kernels go through HBM, as between XLA fusions. The program is launched once: one
+``dispatch`` host record (reason ``PROGRAM_REASON``) of one op's dispatch time, and its
+kernels cost no host time of their own (``tpusim.eager.modes``).
+
+Adding a fusion rule = one row in ``tpusim.trace.ops.FAMILY_BY_OP`` (what an op is) or ``RULES`` (what a
+role may fuse with).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import heapq
+import itertools
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tpusim.eager.windows import BACKWARD_REASON, Node, WindowCutter, node_key
+from tpusim.hardware.spec import ChipSpec
+from tpusim.trace.ops import base_name, fusion_role
+from tpusim.trace.records import (
+    MODE_CHANGE_REASON,
+    CollectiveRecord,
+    HostRecord,
+    MemoryRecord,
+    OpRecord,
+    Record,
+    StepMarker,
+    TensorMeta,
+)
+
+WINDOW_REASON = "fused_window"   # HostRecord reason of the host time spent recording a window
+PROGRAM_REASON = "program_launch"  # HostRecord reason of a compiled program's one launch
+MAX_NAME_PARTS = 6               # a kernel name lists at most this many op names
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What an op of one role may do inside a fused kernel."""
+
+    fusible: bool = True            # False: runs alone and cuts the window
+    anchor: bool = False            # at most one anchor (reduction, contraction) per kernel
+    takes_producers: bool = True    # may read values produced inside its own kernel (a prologue)
+    anchors: int = 1                # anchors its kernel may hold (its own and its prologue's)
+
+
+RULES: dict[str, Rule] = {
+    "elementwise": Rule(),
+    "reduction": Rule(anchor=True),
+    "contraction": Rule(anchor=True, takes_producers=False),
+    "opaque": Rule(fusible=False, takes_producers=False),
+}
+
+# Inside a compiled program (XLA sees the whole graph), ops of these families take their producers
+# as a prologue, one reduction included: an int8/fp8 matmul's quantize (abs, amax, divide, round,
+# clamp, cast) fuses into the matmul, as XLA fuses it. Eager clusters keep RULES. Adding one = one
+# row here (keyed by tpusim.trace.ops family).
+PROGRAM_PROLOGUES: dict[str, Rule] = {
+    "quantized_contraction": Rule(anchor=True, takes_producers=True, anchors=2),
+}
+
+
+def role_of(op: OpRecord) -> str:
+    """The fusion role of one op (a key of ``RULES``), from its recorded family and cost."""
+    return fusion_role(op.family, op.unit, op.flops, op.transcendentals)
+
+
+@dataclass(frozen=True)
+class FusedKernel(OpRecord):
+    """An op record standing for a region of one or more ops compiled and launched as one kernel.
+
+    ``parts`` are the original records; ``wiring`` says where each part's inputs come from
+    (("in", i): the kernel's i-th entering value; ("op", j, k): part j's k-th output) and
+    ``exits`` which part outputs leave it; both are empty for a single op, so a lone op is the
+    same compile-cache region in every mode.
+    """
+
+    parts: tuple[OpRecord, ...] = ()
+    wiring: tuple[tuple[tuple, ...], ...] = ()
+    exits: tuple[tuple[int, int], ...] = ()
+    onchip_bytes: float = 0.0       # HBM bytes saved: on-chip intermediates' writes and reads
+    reused_bytes: float = 0.0       # HBM bytes saved: a value entering once, read by several parts
+    spilled_bytes: float = 0.0      # on-chip traffic that did not fit VMEM, counted as HBM
+    cluster: int = 0                # the eager cluster (one compiled executable) it belongs to, from 1; 0: none
+    cut: str = ""                   # why that cluster ended (a tpusim.eager.windows.CUTS key)
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return tuple(p.source for p in self.parts)
+
+    @classmethod
+    def around(cls, record: OpRecord, parts: tuple[OpRecord, ...], **changes: object) -> FusedKernel:
+        """A kernel record with ``record``'s fields (``changes`` replacing some) standing for ``parts``."""
+        fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(OpRecord)}
+        return cls(**{**fields, **changes}, parts=parts)
+
+
+@dataclass(frozen=True)
+class FusionStats:
+    """What fusion did to one record stream (for the report)."""
+
+    ops: int = 0                    # ops that went into clusters (windows)
+    kernels: int = 0                # kernels those clusters became
+    windows: int = 0                # eager clusters, each one compiled executable
+    cuts: dict[str, int] = field(default_factory=dict)   # why clusters ended: sync, backward, repeated, ...
+    materialized: dict[str, int] = field(default_factory=dict)   # values made cluster outputs: fanout, ...
+    clusters_compiled: int = 0      # distinct clusters (compile-cache misses among them; set by planning)
+    onchip_bytes: float = 0.0
+    reused_bytes: float = 0.0
+    spilled_bytes: float = 0.0
+    programs: int = 0               # compiled-program executions (each one window; not in ops/kernels/windows)
+    program_ops: int = 0
+    program_kernels: int = 0
+
+
+@dataclass(frozen=True)
+class Fused:
+    records: tuple[Record, ...]
+    stats: FusionStats
+
+
+# ---- dataflow: which write of which storage each input reads ------------------------------------
+@dataclass
+class _Value:
+    producer: int                   # record position that wrote it; -1 = written before the trace
+    nbytes: int
+    readers: list[int] = field(default_factory=list)
+    death: int | None = None        # position of its free or full overwrite; None = outlives the trace
+
+
+class _Dataflow:
+    def __init__(self, records: Sequence[Record]) -> None:
+        self.values: list[_Value] = []
+        self.reads: dict[tuple[int, int], int] = {}     # (position, input index) -> value
+        self.writes: dict[tuple[int, int], int] = {}    # (position, output index) -> value
+        current: dict[int, int] = {}                    # storage -> its latest value
+        for pos, rec in enumerate(records):
+            if isinstance(rec, OpRecord | CollectiveRecord):
+                for k, t in enumerate(rec.inputs):
+                    v = current.get(t.storage)
+                    if v is None:
+                        v = current[t.storage] = self._new(-1, t.nbytes)
+                    self.values[v].readers.append(pos)
+                    self.reads[(pos, k)] = v
+                for k, t in enumerate(rec.outputs):
+                    old = current.get(t.storage)
+                    if old is not None and self.values[old].death is None and t.nbytes >= self.values[old].nbytes:
+                        self.values[old].death = pos            # wholly overwritten; partial writes keep it
+                    self.writes[(pos, k)] = current[t.storage] = self._new(pos, t.nbytes)
+            elif isinstance(rec, MemoryRecord):
+                old = current.pop(rec.storage, None)
+                if old is not None and rec.event == "free" and self.values[old].death is None:
+                    self.values[old].death = pos
+
+    def _new(self, producer: int, nbytes: int) -> int:
+        self.values.append(_Value(producer, nbytes))
+        return len(self.values) - 1
+
+    def producers(self, pos: int, rec: OpRecord) -> set[int]:
+        return {self.values[self.reads[(pos, k)]].producer for k in range(len(rec.inputs))}
+
+    def leaves(self, v: int, kernel: set[int], end: int) -> bool:
+        """True when the value must reach HBM: read outside ``kernel`` or alive at the window's end."""
+        value = self.values[v]
+        return value.death is None or value.death >= end or any(r not in kernel for r in value.readers)
+
+
+# ---- grouping -----------------------------------------------------------------------------------
+@dataclass
+class _Group:
+    members: list[int]
+    anchors: int
+    sealed: set[int]                # positions that must stay outside (producers of its contractions)
+    needs: set[int]                 # positions that must run before it
+    closed: bool = False            # an opaque op (only in a compiled program's window): runs alone
+    limit: int = 1                  # anchors it may hold (Rule.anchors)
+
+
+class _Grouper:
+    """Greedy program-order grouping of one window's ops (positions) into kernels."""
+
+    def __init__(self, records: Sequence[Record], flow: _Dataflow, program: bool = False) -> None:
+        self.records, self.flow = records, flow
+        self.program = program                      # a compiled program's window: PROGRAM_PROLOGUES apply
+        self.groups: dict[int, _Group] = {}
+        self.group_of: dict[int, int] = {}
+        self.touched: dict[int, list[int]] = {}     # storage -> window positions that read or wrote it
+
+    def add(self, pos: int) -> None:
+        rec = self.records[pos]
+        role = role_of(rec)
+        rule = RULES[role]
+        if self.program and role != "opaque":
+            rule = PROGRAM_PROLOGUES.get(rec.family, rule)
+        producers = {p for p in self.flow.producers(pos, rec) if p in self.group_of}
+        hazards = {p for t in rec.outputs for p in self.touched.get(t.storage, ())}
+        group = _Group([pos], int(rule.anchor), set() if rule.takes_producers else producers,
+                       producers | hazards, closed=not rule.fusible, limit=rule.anchors)
+        sources = sorted({self.group_of[p] for p in producers}, reverse=True)
+        if rule.takes_producers and sources:
+            options = [sources] + ([[g] for g in sources] if len(sources) > 1 else [])
+            for option in options:
+                if self._can_merge(option, group):
+                    group = self._merge(option, group)
+                    break
+        if rule.anchors > 1:                        # the prologue is taken: later ops add no anchor to it
+            group.limit = max(1, group.anchors)
+        gid = min(group.members)
+        self.groups[gid] = group
+        for p in group.members:
+            self.group_of[p] = gid
+        for t in (*rec.inputs, *rec.outputs):
+            self.touched.setdefault(t.storage, []).append(pos)
+
+    def _can_merge(self, gids: list[int], new: _Group) -> bool:
+        groups = [self.groups[g] for g in gids]
+        members = {p for g in groups for p in g.members} | set(new.members)
+        limit = max(g.limit for g in (*groups, new))
+        if new.anchors + sum(g.anchors for g in groups) > limit or any(g.closed for g in groups):
+            return False
+        if any(g.sealed & members for g in groups):
+            return False
+        # A cycle: some kernel outside the merge that the merge needs, and that needs the merge.
+        outside = {self.group_of[p] for g in (*groups, new) for p in g.needs} - set(gids)
+        seen, stack = set(), list(outside)
+        while stack:
+            gid = stack.pop()
+            if gid in seen:
+                continue
+            seen.add(gid)
+            needs = self.groups[gid].needs
+            if needs & members:
+                return False
+            stack.extend({self.group_of[p] for p in needs} - seen - set(gids))
+        return True
+
+    def _merge(self, gids: list[int], new: _Group) -> _Group:
+        groups = [self.groups.pop(g) for g in gids]
+        members = sorted({p for g in (*groups, new) for p in g.members})
+        needs = {p for g in (*groups, new) for p in g.needs} - set(members)
+        sealed = {p for g in (*groups, new) for p in g.sealed}
+        return _Group(members, sum(g.anchors for g in (*groups, new)), sealed, needs,
+                      limit=max(g.limit for g in (*groups, new)))
+
+    def kernels(self) -> list[list[int]]:
+        """Groups in a dependency order, earliest first member first."""
+        deps = {gid: {self.group_of[p] for p in g.needs} - {gid} for gid, g in self.groups.items()}
+        users: dict[int, set[int]] = {gid: set() for gid in self.groups}
+        for gid, ds in deps.items():
+            for d in ds:
+                users[d].add(gid)
+        ready = [gid for gid, ds in deps.items() if not ds]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            gid = heapq.heappop(ready)
+            order.append(self.groups[gid].members)
+            for user in users[gid]:
+                deps[user].discard(gid)
+                if not deps[user]:
+                    heapq.heappush(ready, user)
+        return order
+
+
+# ---- one fused kernel ---------------------------------------------------------------------------
+def _kernel(records: Sequence[Record], flow: _Dataflow, members: list[int], end: int,
+            chip: ChipSpec) -> tuple[FusedKernel, set[int]]:
+    """The record of one kernel and the values it keeps on chip."""
+    parts: tuple[OpRecord, ...] = tuple(records[p] for p in members)
+    if len(parts) == 1:
+        return FusedKernel.around(parts[0], parts), set()
+    inside = set(members)
+    index = {p: i for i, p in enumerate(members)}
+    produced = {flow.writes[(p, k)]: (index[p], k) for p in members for k in range(len(records[p].outputs))}
+    leaving = {v for v in produced if flow.leaves(v, inside, end)}
+    phase = _phases(parts, [[flow.reads[(p, k)] for k in range(len(records[p].inputs))] for p in members], produced)
+    reader_phases: dict[int, set[int]] = {}
+    for p in members:
+        for k in range(len(records[p].inputs)):
+            reader_phases.setdefault(flow.reads[(p, k)], set()).add(phase[index[p]])
+    made_in = {v: phase[i] for v, (i, _) in produced.items()}
+    held = {v for v, phases in reader_phases.items()
+            if (max(phases) > made_in[v] if v in produced else len(phases) > 1)}
+    spilled = _spill(held, flow, chip.vmem_bytes)
+    inputs: list[TensorMeta] = []
+    entered: dict[int, int] = {}
+    entered_in: dict[int, set[int]] = {}            # entering value -> phases that read it from HBM
+    wiring: list[tuple[tuple, ...]] = []
+    internal = reused = spill_bytes = 0.0
+    for p, part in zip(members, parts):
+        wires = []
+        for k, t in enumerate(part.inputs):
+            v = flow.reads[(p, k)]
+            if v in produced:
+                wires.append(("op", *produced[v]))
+                if v in spilled and phase[index[p]] > made_in[v]:
+                    spill_bytes += t.nbytes
+                else:
+                    internal += t.nbytes
+            else:
+                if v not in entered:
+                    entered[v] = len(inputs)
+                    inputs.append(t)
+                    entered_in[v] = {phase[index[p]]}
+                elif v in spilled and phase[index[p]] not in entered_in[v]:
+                    entered_in[v].add(phase[index[p]])
+                    spill_bytes += t.nbytes
+                else:
+                    reused += t.nbytes
+                wires.append(("in", entered[v]))
+        wiring.append(tuple(wires))
+    outputs: list[TensorMeta] = []
+    exits: list[tuple[int, int]] = []
+    kept_writes = 0.0
+    for p, part in zip(members, parts):
+        for k, t in enumerate(part.outputs):
+            v = flow.writes[(p, k)]
+            if v in leaving:
+                outputs.append(t)
+                exits.append((index[p], k))
+            elif v in spilled:
+                spill_bytes += t.nbytes
+            else:
+                kept_writes += t.nbytes
+    kept = set(produced) - leaving - spilled
+    anchor = next((q for q in parts if role_of(q) == "contraction"), None)
+    reduction = next((q for q in parts if role_of(q) == "reduction"), None)
+    first = parts[0]
+    record = FusedKernel(
+        seq=first.seq, op=_kernel_name(parts), unit="mxu" if anchor else "vpu",
+        dtype=(anchor or first).dtype, inputs=tuple(inputs), outputs=tuple(outputs),
+        flops=sum(q.flops for q in parts), transcendentals=sum(q.transcendentals for q in parts),
+        bytes_read=max(0.0, sum(q.bytes_read for q in parts) - internal - reused),
+        bytes_written=max(0.0, sum(q.bytes_written for q in parts) - kept_writes),
+        matmul=anchor.matmul if anchor else None, source=first.source, rank=first.rank,
+        program=first.program, family=(anchor or reduction or first).family, parts=parts, wiring=tuple(wiring),
+        exits=tuple(exits),
+        onchip_bytes=internal + kept_writes, reused_bytes=reused, spilled_bytes=spill_bytes)
+    return record, kept
+
+
+def _phases(parts: Sequence[OpRecord], reads: list[list[int]], produced: dict[int, tuple[int, int]]) -> list[int]:
+    """Each part's phase: how many in-kernel reductions must finish before it can run."""
+    phase: list[int] = []
+    for part_reads in reads:
+        phase.append(max((phase[produced[v][0]] + (role_of(parts[produced[v][0]]) == "reduction")
+                          for v in part_reads if v in produced), default=0))
+    return phase
+
+
+def _spill(held: set[int], flow: _Dataflow, capacity: int) -> set[int]:
+    """Held values (see the module docstring) to send through HBM, largest first, until the rest fit."""
+    spilled: set[int] = set()
+    live = sorted(held, key=lambda v: (-flow.values[v].nbytes, v))
+    total = sum(flow.values[v].nbytes for v in live)
+    for victim in live:
+        if total <= capacity:
+            break
+        total -= flow.values[victim].nbytes
+        spilled.add(victim)
+    return spilled
+
+
+def _kernel_name(parts: Sequence[OpRecord]) -> str:
+    names = [base_name(p.op) for p in parts]
+    if len(names) > MAX_NAME_PARTS:
+        return f"fused[{'+'.join(names[:MAX_NAME_PARTS - 1])}+...+{names[-1]}]({len(names)} ops)"
+    return f"fused[{'+'.join(names)}]"
+
+
+# ---- windows ------------------------------------------------------------------------------------
+def _cut_reason(rec: Record) -> str:
+    """The window cut (a ``tpusim.eager.windows.CUTS`` key) of a record that is not a fusible eager op."""
+    if isinstance(rec, HostRecord):
+        if rec.reason == BACKWARD_REASON:
+            return "backward"
+        return "mode" if rec.reason.startswith(MODE_CHANGE_REASON) else rec.event
+    if isinstance(rec, CollectiveRecord):
+        return "collective"
+    if isinstance(rec, StepMarker):
+        return "step"
+    return "opaque"
+
+
+def op_node(rec: OpRecord) -> Node:
+    """An eager op as the window cutter's deferred graph sees it: its hash, the storages it reads and
+    writes, whether fusion lets it join a cluster."""
+    return Node(key=node_key(rec.op, tuple((t.shape, t.dtype) for t in rec.inputs)),
+                reads=tuple(t.storage for t in rec.inputs), writes=tuple(t.storage for t in rec.outputs),
+                fusible=RULES[role_of(rec)].fusible, name=rec.op, source=rec.source,
+                results=tuple(t.shape for t in rec.outputs))
+
+
+def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.0, eager: bool = True) -> Fused:
+    """Group ``records`` into fused kernels (see the module docstring).
+
+    ``host_s_per_op`` > 0 adds, at each window's flush, one ``dispatch`` host record of
+    that many seconds per op in the window (reason ``WINDOW_REASON``): the host recording
+    the window while the device waits for it. ``eager=False`` fuses only compiled programs
+    (Debug and Strict: their eager ops stay one kernel each).
+    """
+    records = list(records)
+    flow = _Dataflow(records)
+    out: list[Record] = []
+    window: list[int] = []
+    held: list[tuple[int, MemoryRecord]] = []       # (position, record) of the window's memory records
+    program = 0                                     # the compiled program the window holds; 0: eager ops
+    cutter = WindowCutter()
+    totals = Counter()
+
+    def flush(end: int, reason: str) -> None:
+        if not window:
+            out.extend(m for _, m in held)
+            held.clear()
+            return
+        grouper = _Grouper(records, flow, program=bool(program))
+        for pos in window:
+            grouper.add(pos)
+        kernels, kept, emitted = [], set(), {}
+        cluster = 0 if program else cutter.windows
+        for members in grouper.kernels():
+            kernel, on_chip = _kernel(records, flow, members, end, chip)
+            if cluster:
+                kernel = dataclasses.replace(kernel, cluster=cluster, cut=reason)
+            emitted.update(dict.fromkeys(members, len(kernels)))
+            kernels.append(kernel)
+            kept |= on_chip
+        memory = [m for _, m in held]
+        dropped = _on_chip_storages(records, flow, window, kept, memory)
+        first = records[window[0]]
+        if program:
+            out.append(HostRecord(seq=first.seq, event="dispatch", reason=PROGRAM_REASON,
+                                  seconds=chip.host_dispatch_ns / 1e9, source=first.source, rank=first.rank))
+            totals.update(programs=1, program_ops=len(window), program_kernels=len(kernels))
+        else:
+            if host_s_per_op > 0:
+                out.append(HostRecord(seq=first.seq, event="dispatch", reason=WINDOW_REASON,
+                                      seconds=len(window) * host_s_per_op, source=first.source, rank=first.rank))
+            totals.update(ops=len(window), kernels=len(kernels))
+        out.extend(_interleave(kernels, [(q, m) for q, m in held if m.storage not in dropped], emitted))
+        totals.update(onchip=sum(k.onchip_bytes for k in kernels), reused=sum(k.reused_bytes for k in kernels),
+                      spilled=sum(k.spilled_bytes for k in kernels))
+        window.clear()
+        held.clear()
+
+    for pos, rec in enumerate(records):
+        if isinstance(rec, MemoryRecord):
+            held.append((pos, rec))
+            continue
+        ran_in = rec.program if isinstance(rec, OpRecord) else 0
+        if ran_in != program:
+            flush(pos, cutter.boundary("program"))  # a program starts or ends: it is a window of its own
+            program = ran_in
+        if program:
+            window.append(pos)                      # whole-program fusion: no size limit, opaque ops run alone
+        elif isinstance(rec, OpRecord) and eager:
+            node = op_node(rec)
+            reason = cutter.admit(node)
+            if reason is not None:
+                flush(pos, reason)
+            if node.fusible:
+                window.append(pos)
+            else:
+                out.append(rec)
+        elif (isinstance(rec, HostRecord) and rec.event == "dispatch" and rec.reason != BACKWARD_REASON
+              and not rec.reason.startswith(MODE_CHANGE_REASON)):
+            out.append(rec)
+        else:
+            flush(pos, cutter.boundary(_cut_reason(rec)))
+            out.append(rec)
+    flush(len(records), cutter.boundary("end"))
+    stats = FusionStats(ops=totals["ops"], kernels=totals["kernels"], windows=cutter.windows,
+                        cuts=dict(sorted(cutter.cuts.items())),
+                        materialized=dict(sorted(cutter.materialized.items())), onchip_bytes=float(totals["onchip"]),
+                        reused_bytes=float(totals["reused"]), spilled_bytes=float(totals["spilled"]),
+                        programs=totals["programs"], program_ops=totals["program_ops"],
+                        program_kernels=totals["program_kernels"])
+    return Fused(records=tuple(out), stats=stats)
+
+
+def _interleave(kernels: list[FusedKernel], memory: list[tuple[int, MemoryRecord]],
+                emitted: dict[int, int]) -> list[Record]:
+    """Kernels in emission order with each memory record where it is safe and tight: an alloc just
+    before the first kernel holding an op after it, a free just after the last kernel holding an op
+    before it (so every writer follows its alloc and every reader precedes its free)."""
+    ops = sorted(emitted)
+    first_after = list(itertools.accumulate((emitted[p] for p in reversed(ops)), min, initial=len(kernels)))[::-1]
+    last_before = list(itertools.accumulate((emitted[p] for p in ops), max, initial=-1))
+    before: dict[int, list[MemoryRecord]] = {}
+    after: dict[int, list[MemoryRecord]] = {}
+    for q, m in memory:
+        cut = bisect.bisect_left(ops, q)        # ops[:cut] ran before the record, ops[cut:] after it
+        if m.event == "alloc":
+            before.setdefault(first_after[cut], []).append(m)
+        else:
+            after.setdefault(last_before[cut], []).append(m)
+    out: list[Record] = list(after.get(-1, []))
+    for i, kernel in enumerate(kernels):
+        out += [*before.get(i, []), kernel, *after.get(i, [])]
+    return out + before.get(len(kernels), [])
+
+
+def _on_chip_storages(records: Sequence[Record], flow: _Dataflow, window: list[int], kept: set[int],
+                      held: list[MemoryRecord]) -> set[int]:
+    """Storages allocated and freed in this window whose every value stayed on chip: never in HBM."""
+    allocated = {m.storage for m in held if m.event == "alloc"}
+    freed = {m.storage for m in held if m.event == "free"}
+    candidates = allocated & freed
+    written: dict[int, bool] = {}
+    for pos in window:
+        for k, t in enumerate(records[pos].outputs):
+            if t.storage in candidates:
+                written[t.storage] = written.get(t.storage, True) and flow.writes[(pos, k)] in kept
+    return {s for s, all_kept in written.items() if all_kept}

@@ -1,0 +1,39 @@
+"""Record once, price many: one trace priced per eager mode, chip and topology by replay.
+
+    from tpusim.pricing import price
+    timeline = price(trace, topology="3d:8x8x8", mode="fused")
+
+``price`` = the mode's plan of the trace (``tpusim.pricing.planning.plan``: checks, fusion, compiles),
+then the simulation of that plan (``tpusim.pricing.engine.simulate``). Modes are ``tpusim.eager.modes``' registry;
+adding one = one row there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tpusim.eager.modes import DEFAULT_MODE, get_mode
+from tpusim.hardware.spec import ChipSpec
+from tpusim.pricing.engine import simulate
+from tpusim.pricing.planning import plan
+from tpusim.pricing.timeline import Timeline
+from tpusim.slice.topology import Slice, build_slice
+from tpusim.trace.records import Trace
+
+__all__ = ["price", "single_chip_topology"]
+
+
+def single_chip_topology(chip: ChipSpec) -> str:
+    """The default slice of `tpusim run`: one chip of the chosen generation."""
+    return f"{chip.torus_dims}d:" + "x".join("1" * chip.torus_dims)
+
+
+def price(trace: Trace, *, topology: str | Slice = "", chip: str | ChipSpec | None = None,
+          mode: str = DEFAULT_MODE, chunk_bytes: int | None = None,
+          progress: Callable[[str], None] | None = None) -> Timeline:
+    """Simulate ``trace`` on a slice under one eager mode and return its Timeline."""
+    slice_ = topology if isinstance(topology, Slice) else build_slice(topology or "3d:1x1x1", chip=chip)
+    eager_mode = get_mode(mode)  # an unknown name raises with the accepted ones
+    if progress:
+        progress(f"pricing {eager_mode.name} mode on {slice_.spec} ({slice_.chip.name})")
+    return simulate(plan(trace, eager_mode, slice_.chip), slice_, chunk_bytes=chunk_bytes)

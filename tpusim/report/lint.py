@@ -1,0 +1,215 @@
+"""TPU-readiness lint: what in a program will cost more on a TPU than its author expects.
+
+Each rule reads the trace (and a priced Timeline) and finds ``(message, source)`` pairs; ``lint``
+turns them into ``LintWarning(code, message, source)`` values, in the order of ``RULES``, the one
+table of lint codes (report.json's ``warnings[].code``). Adding a lint rule = one function and
+one row in ``RULES``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tpusim.hardware.compute import matmul_padding
+from tpusim.hardware.spec import ChipSpec
+from tpusim.pricing.timeline import Timeline
+from tpusim.trace.records import HostRecord, OpRecord, StepMarker, Trace
+
+HBM_NEAR_CAPACITY = 0.9
+MXU_WASTE_SHARE = 0.05   # shapes with at least 5% of the program's matmul FLOPs...
+MXU_USEFUL_OK = 0.75     # ...that use under 75% of the MXU tiles they occupy
+
+
+@dataclass(frozen=True)
+class LintWarning:
+    """One finding: its rule's code, what to do about it, and the user's line ("" when it has none)."""
+
+    code: str
+    message: str
+    source: str = ""
+
+
+Finding = tuple[str, str]   # (message, source)
+
+
+def float64_use(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
+    """TPUs have no native float64/complex: such ops run on the host (or as f32) and are slow."""
+    found = Counter((op.op, op.source) for op in trace.of_kind(OpRecord)
+                    if op.dtype in ("float64", "complex64", "complex128"))
+    ops = trace.meta.f64_ops or ()
+    findings = [(f"{op} uses float64/complex ({n}x): TPUs have no native f64; it runs on the host. "
+                 f"Use float32 or bfloat16", source) for (op, source), n in sorted(found.items())]
+    if ops and not findings:
+        findings.append((f"ops ran on the host for float64/complex: {', '.join(sorted(ops))}", ""))
+    return findings
+
+
+def step_of_records(trace: Trace) -> list[int | None]:
+    """Each record's step in its own rank's program (records before the rank's k-th StepMarker are step k);
+    None after the rank's last marker (eval, torch.save, printing results: code after the training loop)."""
+    last_marker: dict[int, int] = {}
+    for i, record in enumerate(trace.records):
+        if isinstance(record, StepMarker):
+            last_marker[record.rank] = i
+    steps: list[int | None] = []
+    step: Counter[int] = Counter()
+    for i, record in enumerate(trace.records):
+        rank = record.rank
+        steps.append(step[rank] if i < last_marker.get(rank, -1) else None)
+        if isinstance(record, StepMarker):
+            step[rank] += 1
+    return steps
+
+
+def syncs_in_step_loop(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
+    """A host sync (.item(), .cpu(), print of a value) inside the training loop stalls the host every
+    step: the device queue drains and the host cannot run ahead. Inside the loop means: the same sync (reason
+    and line) recurs in two or more steps. A sync that runs once before the loop (a DDP constructor's
+    broadcast) or after the last step (an eval pass, torch.save) is not flagged."""
+    steps_of: dict[tuple[str, str], set[int]] = {}
+    count: Counter[tuple[str, str]] = Counter()
+    first_rank = min((r.rank for r in trace.records), default=0)    # --ranks all: every rank ran the loop
+    for record, step in zip(trace.records, step_of_records(trace)):
+        if (step is not None and record.rank == first_rank and isinstance(record, HostRecord)
+                and record.event in ("sync", "d2h")):
+            key = (record.reason or record.event, record.source)
+            steps_of.setdefault(key, set()).add(step)
+            count[key] += 1
+    return [(f"host sync `{reason}` inside the step loop ({count[(reason, source)]}x in {len(steps)} steps): the "
+             f"host waits for the device each time; move it out of the loop or log less often", source)
+            for (reason, source), steps in sorted(steps_of.items()) if len(steps) >= 2]
+
+
+def mxu_tile_waste(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
+    """Matmul dimensions that are not multiples of the MXU tile leave part of the array idle. Shapes
+    that carry a noticeable share of the program's matmul FLOPs are flagged, whether or not they are
+    MXU-bound at this size: a bigger batch makes them so."""
+    total = 0.0
+    flops: Counter[tuple[str, tuple[int, int, int, int]]] = Counter()
+    sources: dict[tuple[str, tuple[int, int, int, int]], str] = {}
+    for op in trace.of_kind(OpRecord):
+        if op.matmul is None or min(op.matmul) <= 0:
+            continue
+        total += op.flops
+        if any(size % chip.mxu_size for size in op.matmul[2:]):
+            flops[(op.op, op.matmul)] += op.flops
+            sources.setdefault((op.op, op.matmul), op.source)
+    findings: list[Finding] = []
+    for (name, shape), share in flops.most_common():
+        if share < MXU_WASTE_SHARE * total or len(findings) == 10:
+            break
+        batch, m, k, n = shape
+        padded = matmul_padding(shape, chip)
+        useful = (k * n) / (padded[2] * padded[3])
+        if useful >= MXU_USEFUL_OK:
+            continue
+        short = " and ".join(f"{dim}={size}" for dim, size in (("k", k), ("n", n)) if size % chip.mxu_size)
+        findings.append((f"{name} with (batch, m, k, n) = {shape} ({share / total:.0%} of matmul FLOPs): {short} "
+                         f"not a multiple of the {chip.mxu_size}-wide MXU, so {1 - useful:.0%} of its MXU work "
+                         f"is padding{_padding_hint(name, k, n, chip)}", sources[(name, shape)]))
+    return findings
+
+
+def _padding_hint(op: str, k: int, n: int, chip: ChipSpec) -> str:
+    """The attention head-dim hint, only where it applies: an attention-family op, or a bmm with a dimension
+    of half the MXU (what a head dim of 64 gives on a 128-wide MXU)."""
+    half = chip.mxu_size // 2
+    if "attention" in op or ("bmm" in op and half in (k, n)):
+        return f" (a head dim of {half} wastes half of a {chip.mxu_size}-wide MXU)"
+    return ""
+
+
+def hbm_near_capacity(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
+    if timeline is None or timeline.peak_hbm_bytes < HBM_NEAR_CAPACITY * chip.hbm_bytes:
+        return []
+    full = timeline.peak_hbm_bytes >= chip.hbm_bytes      # the allocation past it failed: the script's OOM
+    advice = ("full: smaller batches, activation checkpointing or more sharding would fit" if full
+              else "little headroom for larger batches")
+    return [(f"HBM peak {timeline.peak_hbm_bytes / 2**30:.1f} GiB is {timeline.peak_hbm_bytes / chip.hbm_bytes:.0%} "
+             f"of the {chip.name}'s {chip.hbm_bytes / 2**30:.0f} GiB: {advice}", "")]
+
+
+def recompilations(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
+    """Shapes that change from step to step recompile the same code (the classic PyTorch/XLA pain). Counted
+    only inside the step loop (an eval pass after it compiles its own shapes once, as it should) and only
+    where the same op at that line changed a size (the same tensor ranks): a pairing of two unrelated ops
+    that share a position, ``aten::copy_ (144,) -> (256,16,48)``, is no recompile of one op."""
+    stats = timeline.meta.get("compile_cache") if timeline is not None else None
+    if stats is None:
+        return []
+    step_of = {r.seq: step for r, step in zip(trace.records, step_of_records(trace)) if hasattr(r, "seq")}
+    found: dict[str, list] = {}
+    for recompile in stats.recompiles:
+        if step_of.get(recompile.seq) is None or not _same_ranks(recompile.old_shapes, recompile.new_shapes):
+            continue
+        found.setdefault(recompile.source, []).append(recompile)
+    return [(f"{len(items)} recompilation(s) of {items[0].op}: shapes changed from {items[0].old_shapes} to "
+             f"{items[0].new_shapes}; pad or bucket them to a few fixed shapes", source)
+            for source, items in sorted(found.items())]
+
+
+def _same_ranks(old: tuple, new: tuple) -> bool:
+    """Two shape lists of the same tensors: as many tensors, each of the same rank."""
+    return len(old) == len(new) and all(len(a) == len(b) for a, b in zip(old, new))
+
+
+def communication_bound(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
+    """Collectives that take longer than all the kernels of the program cannot hide behind them: the per-chip batch is
+    below the compute-bound threshold (scaling book: C / W_ici, about peak FLOP/s / bidirectional link bytes/s
+    tokens per chip for data parallelism on one axis)."""
+    if timeline is None or not timeline.collectives:
+        return []
+    collective_s = timeline.collective_s
+    compute_s = sum(timeline.time_by_bound.values()) / max(1, len(timeline.chips_simulated))
+    if collective_s <= compute_s:
+        return []
+    threshold = chip.peak_bf16_flops_per_s / (2 * chip.ici_link_bytes_per_s)
+    return [(f"collectives take {collective_s * 1e3:.3g} ms against {compute_s * 1e3:.3g} ms of compute: the "
+             f"per-chip batch is below the compute-bound threshold (on {chip.name} about {threshold:.0f} tokens per "
+             f"chip for data parallelism over one torus axis, less over several), so communication cannot hide "
+             f"behind compute", "")]
+
+
+def graph_breaks(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
+    """A torch.compile graph break (``trace.meta.torch_compile``) splits a program in two: eager Python between,
+    two launches, no fusion across."""
+    facts = trace.meta.torch_compile
+    return [(f"torch.compile graph break: {b.reason}; the code around it runs as separate programs", b.source)
+            for b in (facts.graph_breaks if facts else ())]
+
+
+def dynamo_recompiles(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
+    """A Dynamo recompilation re-traces and re-compiles a function."""
+    facts = trace.meta.torch_compile
+    return [(f"torch.compile recompiled {r.function}: {r.reason}", "") for r in (facts.recompiles if facts else ())]
+
+
+def eager_graphs(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
+    """A compiled graph whose ops the JAX lowering lacks runs op by op."""
+    facts = trace.meta.torch_compile
+    return [(f"torch.compile {g.graph} ran op by op: no JAX lowering for {', '.join(g.missing)}", "")
+            for g in (facts.eager_graphs if facts else ())]
+
+
+Rule = Callable[[Trace, ChipSpec, Timeline | None], list[Finding]]
+
+# The lint codes, in the order their warnings are listed: code -> (rule, what it flags).
+RULES: dict[str, tuple[Rule, str]] = {
+    "float64": (float64_use, "float64/complex ops, which a TPU runs on the host"),
+    "host-sync": (syncs_in_step_loop, "host syncs (.item(), .cpu(), print) inside the step loop"),
+    "mxu-padding": (mxu_tile_waste, "matmul shapes that leave MXU tiles half empty"),
+    "hbm": (hbm_near_capacity, "HBM peak near the chip's capacity"),
+    "recompile": (recompilations, "the same code compiled again for new shapes"),
+    "comm-bound": (communication_bound, "collectives that compute cannot hide (per-chip batch too small)"),
+    "graph-break": (graph_breaks, "torch.compile graph breaks"),
+    "dynamo-recompile": (dynamo_recompiles, "Dynamo recompilations"),
+    "eager-graph": (eager_graphs, "compiled graphs that ran op by op (no JAX lowering)"),
+}
+
+
+def lint(trace: Trace, chip: ChipSpec, timeline: Timeline | None = None) -> list[LintWarning]:
+    """Every rule's findings, in ``RULES`` order."""
+    return [LintWarning(code, message, source)
+            for code, (rule, _) in RULES.items() for message, source in rule(trace, chip, timeline)]

@@ -72,7 +72,7 @@ def test_bytes_are_exact():
 @pytest.fixture
 def no_device(monkeypatch):
     """Fail the test if `tpusim run` gets as far as loading the device (the script would run next)."""
-    from tpusim.cli import run
+    from tpusim.run import pipeline as run
 
     def loaded():
         raise AssertionError("the device was loaded: the bad flag was not caught before the script ran")

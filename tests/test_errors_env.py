@@ -91,7 +91,7 @@ def test_a_chip_name_the_file_system_refuses_is_a_tpusim_error(name):
 
 
 def test_the_device_failing_to_load_is_one_clear_error(monkeypatch):
-    from tpusim.cli import run
+    from tpusim.run import pipeline as run
 
     real_import = builtins.__import__
 

@@ -3,7 +3,6 @@ names, a report folder claimed by one run at a time, and Ctrl-C after the script
 stops pricing but never the writing of the report. In-process and torch-free: Ctrl-C is a real SIGINT
 this process sends itself at a chosen moment."""
 
-import argparse
 import json
 import os
 import signal
@@ -16,10 +15,11 @@ from factories import training_trace
 
 import tpusim.pricing
 import tpusim.trace.records
-from tpusim.cli.run import Interrupts, Progress, _price_and_report
 from tpusim.errors import TpusimError
 from tpusim.output import atomic_open, claim_folder, claim_new_folder, prepare_folder, write_atomic
 from tpusim.report import load_report
+from tpusim.run.options import RunOptions, modes_of
+from tpusim.run.pipeline import Interrupts, Progress, _price_and_report
 from tpusim.script import ScriptOutcome, run_script
 from tpusim.slice.topology import build_slice
 
@@ -102,7 +102,6 @@ def ctrl_c() -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
-ARGS = argparse.Namespace(script="model.py", script_args=[], numerics="on", target="sim", compare_placements=False)
 FINISHED = ScriptOutcome(exit_code=0)
 
 
@@ -130,8 +129,9 @@ def price_and_report(tmp_path, modes, interrupt_at_mode: int | None, interrupts_
     patch.setattr(tpusim.trace.records, "write_trace", write_trace)
     try:
         with Interrupts(Progress(quiet=True)) as interrupts:
-            measured, stopped = _price_and_report(trace, slice_, modes, Path("model.py"), ARGS, outcome,
-                                                  "2.x", tmp_path, Progress(quiet=True), interrupts)
+            options = RunOptions(script="model.py", modes=modes_of(",".join(modes)))
+            _, measured, stopped = _price_and_report(trace, slice_, options, outcome, "2.x", tmp_path,
+                                                     Progress(quiet=True), interrupts)
     finally:
         patch.undo()
     return stopped, load_report(tmp_path)[0]

@@ -1,5 +1,5 @@
 """``tpusim check SCRIPT``: a readiness gate for CI. Runs the script as ``tpusim run`` does (the same code:
-tpusim/cli/run.py), then checks the report against budgets and lint codes.
+tpusim/run/pipeline.py), then checks the report against budgets and lint codes.
 
 Exit codes (documented in README "Use in your CI"): 0 every check passed; 1 a budget or lint rule failed;
 2 bad input (a flag, a topology, a missing script); 3 the script itself failed. The summary is a few lines
@@ -15,10 +15,13 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpusim.errors import TpusimError
 from tpusim.testing.budgets import Budgets, Check, evaluate, parse_hbm, parse_lint_list, parse_seconds, script_check
+
+if TYPE_CHECKING:
+    from tpusim.run.options import RunOptions
 
 OK, FAILED, BAD_INPUT, SCRIPT_FAILED = 0, 1, 2, 3
 
@@ -77,24 +80,17 @@ def default_out_dir(script: str) -> Path:
     return Path("reports") / f"check-{Path(script).stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
-def run_arguments(args: argparse.Namespace, out_dir: Path) -> argparse.Namespace:
-    """The ``tpusim run`` arguments for this check, parsed by run's own parser (so every default is run's)."""
-    from tpusim.cli import run as run_command
+def run_options(args: argparse.Namespace, out_dir: Path) -> RunOptions:
+    """The run this check gates: `tpusim run`'s defaults but for the flags check shares with it."""
+    from tpusim.run.options import RunOptions, modes_of
 
-    parser = argparse.ArgumentParser(prog="tpusim check", add_help=False)
-    run_command.add_parser(parser.add_subparsers())
-    argv = ["run", args.script, "--quiet", "--out", str(out_dir), "--mode", args.mode, "--numerics", args.numerics]
-    for flag, value in (("--topology", args.topology), ("--chip", args.chip), ("--placement", args.placement)):
-        if value is not None:
-            argv += [flag, value]
-    namespace = parser.parse_args(argv)
-    namespace.script_args = list(args.script_args)
-    return namespace
+    return RunOptions(script=args.script, script_args=tuple(args.script_args), chip=args.chip, topology=args.topology,
+                      modes=modes_of(args.mode), numerics=args.numerics == "on", placement=args.placement,
+                      out=str(out_dir), quiet=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from tpusim.cli import run as run_command
-    from tpusim.report.load import load_report
+    from tpusim.run.pipeline import run_pipeline
 
     if args.junit is not None and not Path(args.junit).parent.is_dir():
         raise TpusimError(f"--junit {args.junit!r}: its folder {str(Path(args.junit).parent)!r} does not exist")
@@ -103,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     # with --json stdout carries only the summary: the script's prints and run's table go to stderr
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-        code = run_command.run(run_arguments(args, out_dir))
-    report = load_report(out_dir)[0] if (out_dir / "report.json").is_file() else None
+        result = run_pipeline(run_options(args, out_dir))
+    report, code = result.report, result.exit_code
     if report is None:                      # run stopped before writing a report (Ctrl-C)
         return code or BAD_INPUT
     script = script_check(report)

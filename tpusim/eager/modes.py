@@ -49,7 +49,9 @@ _BY_SPELLING = {spelling: mode for mode in MODES.values() for spelling in (mode.
 
 def get_mode(name: object, where: str = "") -> EagerMode:
     """The mode called ``name`` (case and spaces ignored; aliases accepted); an unknown name is a
-    TpusimError that lists the accepted ones (``where`` says where the name came from)."""
+    TpusimError that lists the accepted ones (``where`` says where the name came from). A mode passes as itself."""
+    if isinstance(name, EagerMode):
+        return name
     mode = _BY_SPELLING.get(str(name).strip().lower())
     if mode is None:
         raise TpusimError(f"unknown eager mode {name!r}{where}; accepted: {', '.join(MODES)}")

@@ -11,11 +11,11 @@ A combination whose run fails is returned as its error, so its points become row
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpusim.run.options import RunOptions
 from tpusim.sweep.script_args import Combination, label, script_argv, tokens_per_step
 
 STDERR_LINES = 6     # the tail of a failed run's stderr kept as the rows' error
@@ -33,12 +33,10 @@ class Recorded:
 def run_command(script: Path, combination: Combination, folder: Path, *, chip: str | None, topology: str | None,
                 tokens: int | None, fixed_args: list[str]) -> list[str]:
     """The `tpusim run` command line recording ``combination`` (shape-only, one process for the world)."""
-    command = [sys.executable, "-m", "tpusim", "run", str(script), "--numerics", "off", "--ranks", "one",
-               "--quiet", "--out", str(folder)]
-    command += ["--chip", chip] if chip else []
-    command += ["--topology", topology] if topology else []
-    command += ["--tokens-per-step", str(tokens)] if tokens else []
-    return [*command, "--", *fixed_args, *script_argv(combination)]
+    options = RunOptions(script=str(script), script_args=(*fixed_args, *script_argv(combination)), chip=chip or None,
+                         topology=topology or None, numerics=False, ranks="one", tokens_per_step=tokens or None,
+                         out=str(folder), quiet=True)
+    return options.argv()
 
 
 def record_one(script: Path, combination: Combination, root: Path, *, chip: str | None = None,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,14 +234,15 @@ def run_script(script: str | Path, *args: str, out: Path, cwd: Path | None = Non
     """``python -m tpusim run`` in a fresh process; its bad input, a timeout or (``check``) a failed script
     fail the test with tpusim's own message."""
     from tpusim.report.load import load_report
+    from tpusim.run.options import RunOptions, modes_of
 
-    command = [sys.executable, "-m", "tpusim", "run", str(script), "--quiet", "--out", str(out),
-               "--numerics", numerics]
-    for flag, value in (("--topology", topology), ("--chip", chip), ("--mode", mode), ("--placement", placement)):
-        if value is not None:
-            command += [flag, value]
-    if args:
-        command += ["--", *args]
+    try:
+        options = RunOptions(script=str(script), script_args=args, chip=chip, topology=topology,
+                             numerics=numerics == "on", placement=placement, out=str(out), quiet=True,
+                             **({} if mode is None else {"modes": modes_of(mode)}))
+    except TpusimError as error:
+        pytest.fail(f"tpusim run {script}: {error}", pytrace=False)
+    command = options.argv()
     try:
         done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
                               env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -1,0 +1,90 @@
+"""What one `tpusim run` is asked to do, as one typed value: the run pipeline's only input.
+
+``tpusim run`` parses its command line into ``RunOptions.from_args``; ``tpusim check`` builds one directly;
+the pytest plugin and ``tpusim sweep``, which record in a fresh process each, turn one back into the
+command line that means the same (``argv``), so no caller spells `tpusim run`'s flags by hand. The eager
+modes are resolved here, once, into their ``EagerMode`` objects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+
+from tpusim.eager.modes import DEFAULT_MODE, MODES, EagerMode, get_mode, resolve_modes
+
+RANKS = ("auto", "one", "all")
+TARGETS = ("sim", "pjrt")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """One run: the script and its arguments, where it is priced (chip, topology, faults), how (modes,
+    numerics, placement, ranks, target) and within what budgets, and where the report goes."""
+
+    script: str                             # as given: report.json's run.script says it so
+    script_args: tuple[str, ...] = ()
+    chip: str | None = None                 # None: by topology (v5p for a single chip)
+    topology: str | None = None             # None: a single chip
+    modes: tuple[EagerMode, ...] = field(default_factory=lambda: (MODES[DEFAULT_MODE],))
+    numerics: bool = True                   # False: shape-only run (--numerics off)
+    placement: str | None = None            # DeviceMesh dims -> torus axes, e.g. 'tp=x,fsdp=yz'
+    compare_placements: bool = False
+    ranks: str = "auto"                     # RANKS
+    target: str = "sim"                     # TARGETS
+    pjrt_timeout_s: float | None = 3600.0   # --target pjrt: None never stops a measured run
+    tokens_per_step: int | None = None
+    max_records: int | None = None          # the record budget; None: TPUSIM_MAX_RECORDS or its default
+    fail_links: str | None = None
+    fail_chips: str | None = None
+    fault_seed: str | None = None
+    out: str | None = None                  # None: a fresh folder under reports/
+    quiet: bool = False
+
+    @property
+    def mode_names(self) -> tuple[str, ...]:
+        return tuple(mode.name for mode in self.modes)
+
+    @property
+    def numerics_word(self) -> str:
+        """'on' or 'off', as the flag, report.json and the script's TPUSIM_NUMERICS spell it."""
+        return "on" if self.numerics else "off"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RunOptions:
+        """`tpusim run`'s parsed command line (the mode text is resolved here; unknown names are refused)."""
+        return cls(script=args.script, script_args=tuple(args.script_args), chip=args.chip,
+                   topology=args.topology, modes=modes_of(args.mode), numerics=args.numerics == "on",
+                   placement=args.placement, compare_placements=args.compare_placements, ranks=args.ranks,
+                   target=args.target, pjrt_timeout_s=args.pjrt_timeout or None,
+                   tokens_per_step=args.tokens_per_step, max_records=args.max_records,
+                   fail_links=args.fail_links, fail_chips=args.fail_chips, fault_seed=args.fault_seed,
+                   out=args.out, quiet=args.quiet)
+
+    def argv(self) -> list[str]:
+        """The `python -m tpusim run ...` command line that asks for exactly these options."""
+        command = [sys.executable, "-m", "tpusim", "run", str(self.script), "--mode", ",".join(self.mode_names),
+                   "--numerics", self.numerics_word,
+                   "--ranks", self.ranks, "--target", self.target]
+        flags = {"--chip": self.chip, "--topology": self.topology, "--placement": self.placement,
+                 "--tokens-per-step": self.tokens_per_step, "--max-records": self.max_records,
+                 "--fail-links": self.fail_links, "--fail-chips": self.fail_chips, "--fault-seed": self.fault_seed,
+                 "--out": self.out}
+        if self.target == "pjrt":
+            flags["--pjrt-timeout"] = self.pjrt_timeout_s or 0
+        for flag, value in flags.items():
+            if value is not None:
+                command += [flag, str(value)]
+        command += ["--compare-placements"] if self.compare_placements else []
+        command += ["--quiet"] if self.quiet else []
+        return [*command, "--", *self.script_args] if self.script_args else command
+
+
+def modes_of(text: str | EagerMode | tuple[EagerMode, ...]) -> tuple[EagerMode, ...]:
+    """'strict', 'debug,fused' or 'all' -> the modes, in order (an ``EagerMode`` or a tuple of them passes)."""
+    if isinstance(text, EagerMode):
+        return (text,)
+    if isinstance(text, tuple):
+        return text
+    return tuple(get_mode(name) for name in resolve_modes(text))

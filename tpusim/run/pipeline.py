@@ -1,0 +1,363 @@
+"""The run pipeline: check the input, record the script once, price every eager mode, write the report.
+
+``run_pipeline(RunOptions) -> RunResult`` is what `tpusim run` does (its command line only parses into
+``RunOptions``) and what `tpusim check` calls. It is the one place that reaches both layers: it imports
+the PyTorch backend lazily (only here), records the script's program trace once, and prices it per eager
+mode. With ``--target pjrt`` it also runs the script for real through JAX, once per mode in a fresh
+process (tpusim/run/measure.py), and sets the measured step times beside the prediction.
+
+The report's parts are typed values (timelines, ``LintWarning``s, ``Distributed``,
+``PlacementComparison``, ``Measured``) handed to ``tpusim.report.build_report`` once, which
+turns them into report.json's dict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tpusim import envvars
+from tpusim.errors import TpusimError, plain_text
+from tpusim.report.measured import JaxDevice
+from tpusim.run.measure import INTERRUPTED
+from tpusim.run.options import RunOptions
+from tpusim.run.progress import Progress
+
+if TYPE_CHECKING:
+    from tpusim.report import Measured
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run gave: its exit status (as `tpusim run` exits), the report folder and the report written
+    there (None when none was), and what ran for real (--target pjrt)."""
+
+    exit_code: int
+    out_dir: Path
+    report: dict[str, Any] | None
+    measured: Measured | None = None
+
+
+def default_out_dir(script: Path, topology: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("reports") / f"{script.stem}-{topology.replace(':', '_')}-{stamp}"
+
+
+def run_pipeline(options: RunOptions) -> RunResult:
+    """Check the input, run the script once while recording, price every mode, write the report; bad input
+    is a TpusimError before the script runs."""
+    from tpusim.hardware.spec import default_chip
+    from tpusim.placement.parse import parse_placement_text
+    from tpusim.pricing import single_chip_topology
+    from tpusim.script import check_script
+    from tpusim.slice.faults import apply_faults
+    from tpusim.slice.topology import build_slice, load_chip_arg
+
+    script = check_script(options.script)
+    envvars.check(skip=("TPUSIM_CHIP", "TPUSIM_NUMERICS"))   # before the device loads (run sets these two)
+    progress = Progress(options.quiet)
+    device = _jax_device(options, progress) if options.target == "pjrt" else None
+    chip_arg, chip_from = _chip_choice(options.chip, device)
+    if options.topology is None:
+        chip = chip_arg or default_chip().name
+        topology = single_chip_topology(load_chip_arg(chip))
+    else:
+        topology, chip = options.topology, chip_arg
+    try:
+        slice_ = build_slice(topology, chip=chip)  # bad topology/chip fails here, before the script runs
+    except TpusimError as error:
+        if chip_from != "device":
+            raise
+        raise TpusimError(f"{error} (chip {chip} is JAX's {device.device_kind}; --chip prices another)") from None
+    # a bad --fail-links/--fail-chips fails here too
+    slice_ = apply_faults(slice_, options.fail_links, options.fail_chips, options.fault_seed)
+    if options.placement is not None:                 # its syntax and axes now; its dims once the mesh is recorded
+        parse_placement_text(options.placement, slice_)
+    claim = _claim_out_dir(options.out, script, slice_.spec)  # a folder we can write, and no other run writing it
+    try:
+        return _record_and_report(options, script, slice_, device, chip_from, claim.folder, progress)
+    finally:
+        claim.release()
+
+
+def _claim_out_dir(out: str | None, script: Path, spec: str):
+    """--out checked (a folder, creatable, writable) and claimed for this run before the script runs; without
+    --out a fresh folder under reports/."""
+    from tpusim.output import claim_folder, claim_new_folder, prepare_folder
+
+    if out is None:
+        return claim_new_folder(default_out_dir(script, spec))
+    plain_text(out, "--out", "give a folder for the report, e.g. reports/my-run", max_length=4096, ascii_only=False)
+    return claim_folder(prepare_folder(out))
+
+
+def _record_and_report(options: RunOptions, script: Path, slice_, device: JaxDevice | None, chip_from: str,
+                       out_dir: Path, progress: Progress) -> RunResult:
+    """Run the script once, recording; then price, report, and return the exit status."""
+    chips = f"{slice_.total_chips} chip{'' if slice_.total_chips == 1 else 's'}"
+    progress.say(f"running {script.name} on {slice_.spec} ({slice_.chip.display_name}, {chips}), "
+                 f"numerics {options.numerics_word}")
+    backend = _import_backend()
+    settings: dict[str, object] = {"chip": slice_.chip, "numerics": options.numerics}
+    settings["topology"] = slice_.dims      # torch.tpu.topology_aware_mesh & co. see the --topology slice
+    if device is not None:                   # record on the simulator; JAX's device stays free for the real runs
+        settings["target"] = "sim"
+    if len(options.modes) == 1:                      # the script runs in the one mode priced (tpusim/eager/state.py)
+        settings["eager_mode"] = options.modes[0].name
+    backend.configure(backend.load_config(**settings))   # the rest (TPUSIM_F64, ...) from the environment
+    os.environ["TPUSIM_NUMERICS"] = options.numerics_word  # for the script only: examples/*.py print no values when off
+    import torch
+
+    from tpusim.backend.distributed import runner
+    from tpusim.script import run_script
+    ranks = runner.resolve_ranks(options.ranks, slice_.total_chips, script)
+    started = time.perf_counter()
+    budget_stop = None                       # set when the record budget stopped recording
+    if ranks == "all":
+        progress.say(f"--ranks all: {slice_.total_chips} processes, one per chip")
+        trace, outcome, budget_stop = runner.record_all(script, list(options.script_args), slice_.total_chips,
+                                                        slice_.chip.chips_per_host, out_dir,
+                                                        options.max_records)
+    else:
+        runner.prepare_one(slice_.total_chips, slice_.chip.chips_per_host)
+        with backend.recording(max_records=options.max_records) as recorder:
+            progress.track(f"recording {script.name}", lambda: len(recorder.records), unit="records")
+            try:
+                outcome = run_script(script, list(options.script_args))
+            finally:
+                progress.stop()
+        trace = runner.ranks_one_meta(dataclasses.replace(recorder.trace, world_size=slice_.total_chips))
+        budget_stop = _budget_stop(recorder)
+    with Interrupts(progress) as interrupts:    # from here on Ctrl-C never loses what was recorded
+        from tpusim.placement import apply_placement
+        placement_error = None
+        try:
+            trace = apply_placement(trace, slice_, options.placement)
+        except TpusimError as error:        # the recorded mesh does not match: report with the default placement
+            placement_error = error
+        if outcome.error:
+            print(outcome.error, file=sys.stderr, end="")
+        progress.say(f"recorded {len(trace.records)} records in {time.perf_counter() - started:.1f} s; "
+                     f"pricing {', '.join(options.mode_names)}")
+        measure = None
+        if device is not None and outcome.exit_code != INTERRUPTED:
+            measure = _measurer(script, options, slice_, device, chip_from, progress)
+        report, measured, stopped = _price_and_report(trace, slice_, options, outcome, torch.__version__, out_dir,
+                                                      progress, interrupts, measure, budget_stop)
+    if placement_error is not None:
+        print(f"tpusim run: error: {placement_error} (the report uses the default placement)", file=sys.stderr)
+    measured_codes = [run.exit_code for run in (measured.runs if measured else ())]
+    code = (outcome.exit_code or (INTERRUPTED if stopped else 0) or (2 if placement_error else 0)
+            or next((code for code in measured_codes if code), 0))
+    return RunResult(code, out_dir, report, measured)
+
+
+def _budget_stop(recorder):
+    """The report's ``recording_stopped`` when the record budget stopped ``recorder`` (tpusim/backend/recorder.py),
+    else None."""
+    from tpusim.backend.recorder import budget_note
+    from tpusim.report.model import RecordingStopped
+
+    if recorder.stopped_after_step is None:
+        return None
+    return RecordingStopped(recorder.stopped_after_step, recorder.steps, recorder.max_records,
+                            budget_note(recorder.stopped_after_step, recorder.steps, recorder.max_records,
+                                        recorder.kept), recorder.kept)
+
+
+def _jax_device(options: RunOptions, progress: Progress) -> JaxDevice:
+    """--target pjrt: check it can work before anything slow runs, and ask JAX for its device."""
+    from tpusim.run.measure import probe_device, require_jax
+
+    require_jax()
+    if not options.numerics:
+        raise TpusimError("--numerics off computes no values, so nothing could run for real: "
+                          "--target pjrt needs --numerics on")
+    progress.say("asking JAX for its device")
+    device = probe_device(options.pjrt_timeout_s)
+    progress.say(f"JAX device: {device.device_kind} ({device.platform}), jax {device.jax_version}")
+    return device
+
+
+def _chip_choice(chip: str | None, device: JaxDevice | None) -> tuple[str | None, str]:
+    """The chip to price on and why: --chip, else the chip of JAX's TPU, else the default (None here)."""
+    from tpusim.hardware.spec import chip_for_device_kind
+
+    if chip:
+        return chip, "--chip"
+    found = chip_for_device_kind(device.device_kind) if device is not None and device.is_tpu else None
+    return (found.name, "device") if found else (None, "default")
+
+
+def _measurer(script: Path, options: RunOptions, slice_, device: JaxDevice, chip_from: str,
+              progress: Progress) -> Callable[[], Measured]:
+    """What runs each mode for real once the prediction is priced (the report's ``measured`` section)."""
+    from tpusim.pricing.timeline import step_stats
+    from tpusim.report import Measured
+    from tpusim.run.measure import measure_mode
+    from tpusim.units import format_seconds
+
+    def measure() -> Measured:
+        runs = []
+        for mode in options.mode_names:
+            progress.say(f"measuring {mode}: {script.name} runs for real on JAX's {device.device_kind} "
+                         f"({device.platform}) in a fresh process")
+            run = measure_mode(script, list(options.script_args), mode, chip=slice_.chip,
+                               world=slice_.total_chips, chips_per_host=slice_.chip.chips_per_host,
+                               timeout_s=options.pjrt_timeout_s)
+            runs.append(run)
+            step = step_stats(run.steps_s, run.total_s).median_s
+            progress.say(f"measured {mode}: {len(run.steps_s)} steps, median step "
+                         f"{format_seconds(step) if step is not None else '-'}"
+                         + (f"; it failed with {run.error_type}" if run.error_type else ""))
+            if run.exit_code == INTERRUPTED:
+                break
+        return Measured(device, slice_.chip.name, chip_from, tuple(runs))
+
+    return measure
+
+
+def _import_backend():
+    try:
+        import torch  # noqa: F401  (first: torch's autoload entry point then registers the device)
+
+        import tpusim.backend as backend
+    except TpusimError as error:
+        raise TpusimError(f"the tpu device could not be loaded: {error}") from None
+    except Exception as error:  # ImportError, the shim's build failing, torch's autoload wrapping either
+        cause = error.__cause__ or error
+        raise TpusimError(f"the tpu device could not be loaded: {type(cause).__name__}: {cause}") from None
+    return backend
+
+
+class Interrupts:
+    """Ctrl-C once the script has ended: pressed while ``stoppable`` work runs (pricing, placements, measuring)
+    it stops that work and the report covers what was done; pressed at any other time (writing the report)
+    it prints one line and no stoppable work starts after it; so any number of presses never loses the
+    report. Python's own handler is back on exit. (While the script runs, Ctrl-C is the script's:
+    tpusim/script.py.)"""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.stopped = False                # Ctrl-C stopped some work
+        self._stoppable = False
+        self._told = False
+        self._previous = None
+
+    def __enter__(self) -> Interrupts:
+        # not outside the main thread (Python delivers signals there only), nor where Ctrl-C is ignored on
+        # purpose (started with SIGINT ignored: nohup, a background job of a script)
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):
+            self._previous = signal.signal(signal.SIGINT, self._pressed)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _pressed(self, signum: int, frame: object) -> None:
+        if self._stoppable:
+            self._stoppable = False
+            self.stopped = True
+            raise KeyboardInterrupt
+        self.stopped = True                 # no stoppable work starts after this press
+        if not self._told:
+            self._told = True
+            print("\ntpusim: Ctrl-C: writing the report of what was done first (Ctrl-C again changes nothing)",
+                  file=sys.stderr, flush=True)
+
+    def stoppable(self, work: Callable[[], None]) -> bool:
+        """Run ``work``; False when Ctrl-C stopped it (then nothing after it is stoppable either)."""
+        if self.stopped:
+            return False
+        self._stoppable = True
+        try:
+            work()
+            return True
+        except KeyboardInterrupt:
+            self.stopped = True
+            return False
+        finally:
+            self._stoppable = False
+
+
+def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version, out_dir, progress,
+                      interrupts: Interrupts, measure: Callable[[], Measured] | None = None,
+                      recording_stopped=None) -> tuple[dict[str, Any], Measured | None, bool]:
+    """Price every mode, build the report from its typed parts (plus what ``measure`` finds for real), write
+    it, print the summary; returns the report, what was measured and whether Ctrl-C stopped pricing."""
+    modes = options.modes
+    from tpusim.placement import compare, distributed_info
+    from tpusim.pricing import price
+    from tpusim.report import Interrupted, RunInfo, build_report, summary_table, write_report
+    from tpusim.report.faults import slowdown_lines, slowdown_section
+    from tpusim.report.lint import lint
+    from tpusim.report.placements import format_placements
+    from tpusim.trace.records import write_trace
+
+    timelines = {}
+
+    def price_modes() -> None:
+        progress.steps("pricing", len(modes), unit="modes")
+        try:
+            for mode in modes:
+                began = time.perf_counter()
+                timelines[mode.name] = price(trace, topology=slice_, mode=mode)
+                progress.say(f"priced {mode.name}: {timelines[mode.name].total_s:.6g} s simulated in "
+                             f"{time.perf_counter() - began:.1f} s")
+                progress.advance()
+        finally:
+            progress.stop()
+
+    priced = interrupts.stoppable(price_modes)
+    if not priced:
+        progress.say(f"Ctrl-C: pricing stopped; reporting {', '.join(timelines) or 'no mode'}")
+    fastest = min(timelines, key=lambda mode: timelines[mode].total_s) if timelines else None
+    placements = measured = None
+    if options.compare_placements and fastest is not None:
+        def price_placements() -> None:
+            nonlocal placements
+            placements = compare(trace, slice_, lambda t, s: price(t, topology=s, mode=fastest))
+        priced = interrupts.stoppable(price_placements) and priced
+    if measure is not None and priced:
+        def run_measured() -> None:
+            nonlocal measured
+            measured = measure()
+        interrupts.stoppable(run_measured)
+    script_stopped = outcome.error_type == "KeyboardInterrupt"
+    interrupted = (Interrupted(script=script_stopped, pricing=not priced,
+                               not_priced=tuple(m for m in options.mode_names if m not in timelines))
+                   if script_stopped or not priced else None)
+    info = RunInfo(script=options.script, argv=options.script_args, topology=slice_.spec,
+                   numerics=options.numerics_word, target=options.target, torch_version=torch_version,
+                   error_type=outcome.error_type, error_traceback=outcome.error, exit_code=outcome.exit_code,
+                   interrupted=interrupted, tokens_per_step=options.tokens_per_step,
+                   recording_stopped=recording_stopped)
+    warnings = lint(trace, slice_.chip, timelines[fastest] if fastest else None)
+    distributed = distributed_info(trace, slice_)
+    faults = None
+    if slice_.faults and timelines:          # the slowdown against the healthy slice, per mode priced
+        healthy = {mode: price(trace, topology=slice_.healthy, mode=mode) for mode in timelines}
+        faults = slowdown_section(slice_, timelines, healthy)
+    report = build_report(info, trace, slice_, timelines, warnings, distributed=distributed, placements=placements,
+                          measured=measured, faults=faults)
+    try:
+        write_trace(trace, out_dir / "program.jsonl")
+        write_report(out_dir, report, timelines)
+    except OSError as error:                 # a full disk, the folder removed while the script ran, ...
+        raise TpusimError(f"cannot write the report to {str(out_dir)!r}: {error.strerror or error}"
+                          f"{f' ({error.filename})' if error.filename else ''}") from None
+    print(summary_table(report, str(out_dir)))
+    for line in slowdown_lines(faults):
+        print(line)
+    print(format_placements(distributed, placements), end="")
+    return report, measured, not priced

@@ -1,5 +1,5 @@
-"""README "Use in your CI": the `tpusim check` example, the pytest example file and the GitHub Actions job,
-run (or parsed) as a user would copy them."""
+"""The manual's CI pages (docs/commands/check.md, docs/ci.md): the `tpusim check` example, the pytest example
+file and the GitHub Actions job, run (or parsed) as a user would copy them."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
-SECTION = README[README.index("## Use in your CI"):]
+CHECK_PAGE = (ROOT / "docs" / "commands" / "check.md").read_text()    # tpusim check: the example and its output
+CI_PAGE = (ROOT / "docs" / "ci.md").read_text()                         # the Actions job and the pytest plugin
 
 pytest_plugins = ["pytester"]
 
@@ -29,17 +29,20 @@ def shared_shim(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def readme_block(name: str) -> str:
-    found = re.search(rf"<!-- {name} -->\n```\w*\n(.*?)```", README, re.S)
-    assert found, f"README.md has no block marked <!-- {name} -->"
-    return found.group(1)
+    """The fenced block right after ``<!-- name -->`` on one of the CI pages."""
+    for page in (CHECK_PAGE, CI_PAGE):
+        found = re.search(rf"<!-- {name} -->\n```\w*\n(.*?)```", page, re.S)
+        if found:
+            return found.group(1)
+    raise AssertionError(f"docs/commands/check.md and docs/ci.md have no block marked <!-- {name} -->")
 
 
 def test_the_actions_job_runs_the_commands_the_readme_documents() -> None:
     """Every `tpusim check` line of the workflow parses with tpusim's own parser; the pytest file it runs is
-    the README's example file."""
+    the manual's example file."""
     from tpusim.cli.main import build_parser
 
-    workflow = re.search(r"```yaml\n(.*?)```", SECTION, re.S).group(1)
+    workflow = re.search(r"```yaml\n(.*?)```", CI_PAGE, re.S).group(1)
     commands = [line.split("- run:", 1)[1].strip() for line in workflow.splitlines() if "- run:" in line]
     checks = [c for c in commands if "tpusim check" in c]
     assert checks
@@ -53,13 +56,13 @@ def test_the_actions_job_runs_the_commands_the_readme_documents() -> None:
 
 @pytest.mark.slow      # runs examples/mlp.py under tpusim check: ~20 s on 2 busy cores
 def test_the_check_example_fails_the_mlp_as_shown(tmp_path: Path) -> None:
-    """The README shows the gate failing examples/mlp.py on its per-step .item(): exit code 1, those lines."""
+    """The manual shows the gate failing examples/mlp.py on its per-step .item(): exit code 1, those lines."""
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     done = subprocess.run(["bash", "-c", f'export PATH="{Path(sys.executable).parent}:$PATH"\n'
                            + readme_block("check-example")], cwd=tmp_path, capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 1, done.stdout + done.stderr
-    shown = re.search(r"```text\n(PASS script.*?)```", SECTION, re.S).group(1).splitlines()
+    shown = re.search(r"```text\n(PASS script.*?)```", CHECK_PAGE, re.S).group(1).splitlines()
     got = done.stdout.strip().splitlines()[-len(shown):]
     assert [line.split(":")[0] for line in got] == [line.split(":")[0] for line in shown]
     assert got[-1] == shown[-1] and got[-2] == shown[-2]           # the verdict and the lint finding, verbatim

@@ -1,5 +1,5 @@
 """The cost-analysis notebook executes top to bottom, and what it shows agrees with its own report.json and
-with the README's claim that fused is faster than strict on the MLP once compiles are warm."""
+with the manual's claim (docs/eager-modes.md) that fused is faster than strict on the MLP once compiles are warm."""
 
 import json
 import re
@@ -39,6 +39,6 @@ def test_the_numbers_it_prints_are_the_report_and_fused_beats_strict_when_warm(e
     ratio = float(re.search(r"fused / strict: ([0-9.]+)x", text).group(1))
     assert ratio == pytest.approx(modes["fused"]["step_time_median_s"] / modes["strict"]["step_time_median_s"],
                                   abs=0.005)
-    assert ratio < 1.0        # README: fused is faster than strict on this example once compiles are warm
+    assert ratio < 1.0        # docs/eager-modes.md: fused is faster than strict on this example once compiles are warm
     assert modes["fused"]["step_time_median_s"] < modes["strict"]["step_time_median_s"] < \
         modes["debug"]["step_time_median_s"]

@@ -1,5 +1,6 @@
-"""README "Sweeps": each example block runs as a user would paste it (in a fresh folder beside examples/), and
-the notebook notebooks/sweep.ipynb executes and prints what its Parquet file holds."""
+"""The manual's `tpusim sweep` page (docs/commands/sweep.md): each example block runs as a user would paste it (in a
+fresh folder beside examples/), and the notebook notebooks/sweep.ipynb executes and prints what its Parquet file
+holds."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+SWEEP_PAGE = ROOT / "docs" / "commands" / "sweep.md"
 
 
 def readme_block(name: str) -> str:
-    """The fenced block right after ``<!-- name -->`` in README.md."""
-    found = re.search(rf"<!-- {name} -->\n```\w*\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    assert found, f"README.md has no block marked <!-- {name} -->"
+    """The fenced block right after ``<!-- name -->`` in docs/commands/sweep.md."""
+    found = re.search(rf"<!-- {name} -->\n```\w*\n(.*?)```", SWEEP_PAGE.read_text(), re.S)
+    assert found, f"docs/commands/sweep.md has no block marked <!-- {name} -->"
     return found.group(1)
 
 

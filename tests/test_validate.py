@@ -203,7 +203,7 @@ def test_multislice_steps_slow_down_with_slices_as_published(model):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="known gap (README, 'Multislice slowdown'): the published step keeps "
+@pytest.mark.xfail(strict=True, reason="known gap (docs/fidelity.md, 'Multislice slowdown'): the published step keeps "
                    "slowing from 2 to 32 slices (+5% to +13%, a cost per layer that grows with the slice count); "
                    "tpusim's DCN all-reduces run beside the next layers' backward pass, so its prediction is flat")
 def test_multislice_slowdown_from_2_to_32_slices_reaches_half_the_published():

@@ -1,7 +1,7 @@
 """``tpusim check SCRIPT``: a readiness gate for CI. Runs the script as ``tpusim run`` does (the same code:
 tpusim/run/pipeline.py), then checks the report against budgets and lint codes.
 
-Exit codes (documented in README "Use in your CI"): 0 every check passed; 1 a budget or lint rule failed;
+Exit codes (documented in docs/commands/check.md): 0 every check passed; 1 a budget or lint rule failed;
 2 bad input (a flag, a topology, a missing script); 3 the script itself failed. The summary is a few lines
 (or JSON with ``--json``), and ``--junit FILE`` writes JUnit XML for CI test-result views.
 """

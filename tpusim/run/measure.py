@@ -72,7 +72,7 @@ def worker_env(mode: str, chip: ChipSpec, base: dict[str, str] | None = None) ->
     env = dict(os.environ if base is None else base)
     config = {"chip": dataclasses.asdict(chip), "target": "pjrt", "eager_mode": mode, "numerics": True}
     env.update({"TPUSIM_DEVICE_CONFIG": json.dumps(config, sort_keys=True), "TPUSIM_EAGER_MODE": mode,
-                "TPUSIM_TARGET": "pjrt"})          # as the README says; the script may read them
+                "TPUSIM_TARGET": "pjrt"})          # as docs/compile-pjrt.md says; the script may read them
     return env
 
 

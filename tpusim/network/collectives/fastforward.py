@@ -35,7 +35,7 @@ from heapq import heappush
 
 import simpy
 
-from tpusim.network.collectives.plan import Plan, PlanRun, Tuning
+from tpusim.network.collectives.plan import CollectivePlan, PlanRun, Tuning
 from tpusim.network.links import Network
 
 ENABLED = True
@@ -61,7 +61,7 @@ class Held:
     """A collective fast-forwarded on an idle network: ends at start + ``elapsed_s`` unless
     another flow starts first, which turns it into a real simulation (``realize``)."""
 
-    def __init__(self, net: Network, plan: Plan, tuning: Tuning, elapsed_s: float,
+    def __init__(self, net: Network, plan: CollectivePlan, tuning: Tuning, elapsed_s: float,
                  on_done: Callable[[], None]):
         self.net, self.plan, self.tuning, self.on_done = net, plan, tuning, on_done
         self.start_s = net.env.now

@@ -381,19 +381,19 @@ def mesh_groups(s, shape=(256, 2)):
 
 def test_group_shape_describes_the_segments_a_device_mesh_gives():
     from tpusim.network.collectives import group_shape
-    from tpusim.network.collectives.groups import Segment
+    from tpusim.network.collectives.groups import GroupSegment
 
     s = build_slice("3d:8x8x8")
     tp, fsdp = mesh_groups(s)
     assert tp == (0, 1) and fsdp[:5] == (0, 2, 4, 6, 8)
     assert group_axes(s, tp) is None and group_axes(s, fsdp) is None   # not full lines
     # tp: a pair of neighbours, a line of 2 (a segment of a ring is a line)
-    assert group_shape(s, tp) == ((0,), (Segment(0, 2, 1, 0, False),))
+    assert group_shape(s, tp) == ((0,), (GroupSegment(0, 2, 1, 0, False),))
     # fsdp: every other chip of x (a ring of 4 with 2-hop edges, it covers the wrapped axis) x y x z
-    assert group_shape(s, fsdp) == ((0, 1, 2), (Segment(0, 4, 2, 0, True), Segment(1, 8, 1, 0, True),
-                                                Segment(2, 8, 1, 0, True)))
-    assert group_shape(s, [0, 1, 2, 3]) == ((0,), (Segment(0, 4, 1, 0, False),))     # half a ring
-    assert group_shape(s, [7, 0]) == ((0,), (Segment(0, 2, 1, 7, False),))           # across the wrap
+    assert group_shape(s, fsdp) == ((0, 1, 2), (GroupSegment(0, 4, 2, 0, True), GroupSegment(1, 8, 1, 0, True),
+                                                GroupSegment(2, 8, 1, 0, True)))
+    assert group_shape(s, [0, 1, 2, 3]) == ((0,), (GroupSegment(0, 4, 1, 0, False),))     # half a ring
+    assert group_shape(s, [7, 0]) == ((0,), (GroupSegment(0, 2, 1, 7, False),))           # across the wrap
     assert group_shape(s, range(8)) == ((0,), ())                                    # a full line
     assert group_shape(s, [1, 2, 3, 4, 5, 6]) is None      # longer than half the ring: irregular
     assert group_shape(s, [0, 1, 3]) is None               # not evenly spaced

@@ -23,7 +23,9 @@ from tpusim.eager.modes import MODES, get_mode
 from tpusim.errors import TpusimError
 from tpusim.hardware.spec import load_chip
 
+# The one yes/no vocabulary of every boolean variable (``yes_no``), case-insensitive; blank is unset (the default).
 ON, OFF = ("on", "1", "true", "yes"), ("off", "0", "false", "no")
+YES_NO = "on, off (also 1/0, true/false, yes/no)"
 # The record budget's default: a record costs about 0.8 KiB as a trace and each mode priced about 0.4-1 KiB
 # more (benchmarks/bench_record_memory.py), so 600,000 records keep a long run under 2 GB of RSS even with
 # --mode all (about 1 GB with the default mode alone).
@@ -49,7 +51,8 @@ def _choice(*values: str) -> Callable[[str], str]:
     return parse
 
 
-def _flag(raw: str) -> bool:
+def yes_no(raw: str) -> bool:
+    """A boolean variable's value: one of ``ON`` (True) or ``OFF`` (False), any case; ValueError else."""
     value = raw.strip().lower()
     if value not in ON + OFF:
         raise ValueError(raw)
@@ -110,12 +113,12 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TPUSIM_CHIP", "a chip name (tpusim chips) or the path of a chip .toml file", _chip),
     Variable("TPUSIM_DEVICES", "a whole number 1..64", whole(1, 64)),
     Variable("TPUSIM_HBM_BYTES", "a whole number of bytes >= 0, e.g. 16e9 (0: unlimited)", whole(0)),
-    Variable("TPUSIM_NUMERICS", "on, off", _flag, True),
+    Variable("TPUSIM_NUMERICS", YES_NO, yes_no, True),
     Variable("TPUSIM_F64", "warn, error, allow", _choice("warn", "error", "allow"), "warn"),
     Variable("TPUSIM_TARGET", "sim, pjrt", _choice("sim", "pjrt"), "sim"),
     Variable("TPUSIM_EAGER_MODE", "an eager mode: debug, strict, fused", _eager_mode),
-    Variable("TPUSIM_DEBUG_CHECK", "on, off (also 1/0, true/false, yes/no)", _flag, True),
-    Variable("TPUSIM_DEBUG_LOG", "on, off (also 1/0, true/false, yes/no)", _flag, False),
+    Variable("TPUSIM_DEBUG_CHECK", YES_NO, yes_no, True),
+    Variable("TPUSIM_DEBUG_LOG", YES_NO, yes_no, False),
     Variable("TPUSIM_DUMP_STABLEHLO", "a folder to write each compiled graph's StableHLO into", _text),
     Variable("TPUSIM_MAX_RECORDS", "a whole number of records >= 0, e.g. 2e6 (0: no limit)", whole(0),
              MAX_RECORDS_DEFAULT),

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import tpusim.backend as tb
+from tpusim import envvars
 from tpusim.backend.config import CONFIG_ENV, DeviceConfig
 from tpusim.errors import TpusimError
 from tpusim.hardware.spec import chips_dir, load_chip
@@ -54,6 +55,39 @@ def test_given_fields_are_not_read_from_the_environment(monkeypatch: pytest.Monk
     monkeypatch.setenv("TPUSIM_F64", "error")
     cfg = tb.load_config(chip=load_chip("v5e"), numerics=False)
     assert (cfg.chip.name, cfg.numerics, cfg.f64) == ("v5e", False, "error")
+
+
+BOOLEANS = ("TPUSIM_NUMERICS", "TPUSIM_DEBUG_CHECK", "TPUSIM_DEBUG_LOG")
+SPELLINGS = [(spelling, word in envvars.ON) for word in envvars.ON + envvars.OFF
+             for spelling in (word, word.upper(), word.capitalize(), f" {word} ")]
+
+
+def test_every_boolean_variable_is_listed_here() -> None:
+    assert tuple(v.name for v in envvars.VARIABLES if v.parse is envvars.yes_no) == BOOLEANS
+
+
+@pytest.mark.parametrize(("spelling", "value"), SPELLINGS)
+def test_every_yes_no_spelling_the_check_accepts_loads_to_the_same_value(
+        monkeypatch: pytest.MonkeyPatch, spelling: str, value: bool) -> None:
+    for name in BOOLEANS:
+        envvars.check({name: spelling})
+        assert envvars.read(name, {name: spelling}) is value
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    monkeypatch.setenv("TPUSIM_NUMERICS", spelling)
+    assert tb.load_config(chip=load_chip("v5e")).numerics is value
+
+
+def test_the_debug_flags_load_every_yes_no_spelling(python: object) -> None:
+    proc = python(f"""
+        import importlib, os
+        from tpusim.backend import debug
+        for spelling, value in {SPELLINGS!r}:
+            os.environ.update(TPUSIM_DEBUG_CHECK=spelling, TPUSIM_DEBUG_LOG=spelling)
+            importlib.reload(debug)          # the flags are read at import
+            assert debug.CHECK is value and debug.LOG is value, (spelling, debug.CHECK, debug.LOG)
+        print("ok")
+    """)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
 def test_configure_takes_a_chip_from_any_file_before_the_first_tensor(python: object, chip_file: Path) -> None:

@@ -63,18 +63,6 @@ BACKEND = "tpu"
 
 
 @dataclass(frozen=True)
-class GraphBreak:
-    reason: str
-    source: str            # "file:line" of the user's code where Dynamo broke the graph
-
-
-@dataclass(frozen=True)
-class Recompile:
-    function: str          # "name (file:line)"
-    reason: str            # the guard that failed
-
-
-@dataclass(frozen=True)
 class CompiledGraph:
     index: int
     kind: str              # "forward", "backward" or "inference"
@@ -88,8 +76,8 @@ class CompiledGraph:
 @dataclass
 class CompileStats:
     graphs: list[CompiledGraph] = field(default_factory=list)
-    graph_breaks: list[GraphBreak] = field(default_factory=list)
-    recompiles: list[Recompile] = field(default_factory=list)
+    graph_breaks: list[trace_meta.GraphBreak] = field(default_factory=list)
+    recompiles: list[trace_meta.DynamoRecompile] = field(default_factory=list)
 
     def summary(self) -> str:
         lines = [f"tpu compile: {len(self.graphs)} graphs, {len(self.graph_breaks)} graph breaks, "
@@ -121,8 +109,9 @@ def compile_stats() -> CompileStats:
         source = f"{frame.filename}:{frame.lineno}" if frame else "?"
         if (r.reason, source) not in seen:
             seen.add((r.reason, source))
-            breaks.append(GraphBreak(r.reason.strip().splitlines()[0], source))
-    recompiles = [Recompile(f"{m.co_name} ({m.co_filename}:{m.co_firstlineno})", m.recompile_reason.strip())
+            breaks.append(trace_meta.GraphBreak(r.reason.strip().splitlines()[0], source))
+    recompiles = [trace_meta.DynamoRecompile(f"{m.co_name} ({m.co_filename}:{m.co_firstlineno})",
+                                             m.recompile_reason.strip())
                   for m in get_compilation_metrics() if m.recompile_reason]
     return CompileStats(list(_REG.graphs), breaks, recompiles)
 
@@ -132,8 +121,8 @@ def trace_facts() -> trace_meta.CompileFacts:
     stats = compile_stats()
     return trace_meta.CompileFacts(
         graphs=len(stats.graphs),
-        graph_breaks=tuple(trace_meta.GraphBreak(b.reason, b.source) for b in stats.graph_breaks),
-        recompiles=tuple(trace_meta.DynamoRecompile(r.function, r.reason) for r in stats.recompiles),
+        graph_breaks=tuple(stats.graph_breaks),
+        recompiles=tuple(stats.recompiles),
         eager_graphs=tuple(trace_meta.EagerGraph(f"graph {g.index} ({g.kind})", tuple(g.missing))
                            for g in stats.graphs if not g.lowered))
 

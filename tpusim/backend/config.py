@@ -10,7 +10,8 @@ TPUSIM_CHIP        chip generation simulated (a topologies/chips/*.toml name, or
                    capacity per device and the number of devices (chips per host)
 TPUSIM_DEVICES     number of tpu devices in this process, 1..64 (default: the chip's devices per host)
 TPUSIM_HBM_BYTES   HBM capacity per device in bytes (default: the chip's per device; 0 = unlimited)
-TPUSIM_NUMERICS    "on" (default) or "off": shape-only mode, no host memory, values unreadable
+TPUSIM_NUMERICS    "on" (default) or "off" (also 1/0, true/false, yes/no: tpusim/envvars.py's ``yes_no``):
+                   off is shape-only mode, no host memory, values unreadable
 TPUSIM_F64         "warn" (default): float64/complex ops run on the host with a warning once
                    per op; "error": they raise; "allow": silent
 TPUSIM_TARGET      "sim" (default): ops computed by CPU kernels on host memory; "pjrt": through
@@ -63,7 +64,6 @@ F64_POLICIES = ("warn", "error", "allow")
 TARGETS = ("sim", "pjrt")                  # tpusim/backend/targets/: what computes op values
 MAX_DEVICES = 64                           # the shim's limit (tpusim/backend/csrc: kMaxDevices)
 CONFIG_ENV = "TPUSIM_DEVICE_CONFIG"
-_ON, _OFF = ("on", "1", "true"), ("off", "0", "false")
 
 
 @dataclass(frozen=True)
@@ -240,7 +240,7 @@ def load_config(**given: object) -> DeviceConfig:
                               f"it for the processes it starts, unset it to use the other TPUSIM_* variables") from None
     readers = {
         "chip": lambda: _chip("TPUSIM_CHIP"),
-        "numerics": lambda: _choice("TPUSIM_NUMERICS", "on", _ON + _OFF, "on, off") in _ON,
+        "numerics": lambda: envvars.read("TPUSIM_NUMERICS"),      # the check's own parser (envvars.yes_no)
         "f64": lambda: _choice("TPUSIM_F64", "warn", F64_POLICIES),
         "device_count": lambda: _count("TPUSIM_DEVICES", 1, MAX_DEVICES, f"a whole number 1..{MAX_DEVICES}"),
         "hbm_bytes": lambda: _count("TPUSIM_HBM_BYTES", 0, None,

@@ -22,7 +22,7 @@ from tpusim.trace.ops import FOREACH_PREFIX, Family, base_name, family_of, unit_
 
 
 @dataclass(frozen=True)
-class Cost:
+class OpCost:
     family: Family
     flops: float = 0.0
     transcendentals: float = 0.0
@@ -46,71 +46,71 @@ def _numel(shape: Sequence[int]) -> int:
 
 # ---------------------------------------------------------------- MXU: matmuls and convolutions
 
-def _mm(ins: list, outs: list, args: tuple) -> Cost:
+def _mm(ins: list, outs: list, args: tuple) -> OpCost:
     a, b = args[0], args[1]
     m, k = a.shape
     n = b.shape[1]
-    return Cost(Family.CONTRACTION, 2.0 * m * k * n, matmul=(1, m, k, n))
+    return OpCost(Family.CONTRACTION, 2.0 * m * k * n, matmul=(1, m, k, n))
 
 
-def _addmm(ins: list, outs: list, args: tuple) -> Cost:
+def _addmm(ins: list, outs: list, args: tuple) -> OpCost:
     a, b = args[1], args[2]
     m, k = a.shape
     n = b.shape[1]
-    return Cost(Family.CONTRACTION, 2.0 * m * k * n + m * n, matmul=(1, m, k, n))
+    return OpCost(Family.CONTRACTION, 2.0 * m * k * n + m * n, matmul=(1, m, k, n))
 
 
-def _bmm(ins: list, outs: list, args: tuple) -> Cost:
+def _bmm(ins: list, outs: list, args: tuple) -> OpCost:
     a, b = args[0], args[1]
     bt, m, k = a.shape
     n = b.shape[2]
-    return Cost(Family.CONTRACTION, 2.0 * bt * m * k * n, matmul=(bt, m, k, n))
+    return OpCost(Family.CONTRACTION, 2.0 * bt * m * k * n, matmul=(bt, m, k, n))
 
 
-def _baddbmm(ins: list, outs: list, args: tuple) -> Cost:
+def _baddbmm(ins: list, outs: list, args: tuple) -> OpCost:
     a, b = args[1], args[2]
     bt, m, k = a.shape
     n = b.shape[2]
-    return Cost(Family.CONTRACTION, 2.0 * bt * m * k * n + bt * m * n, matmul=(bt, m, k, n))
+    return OpCost(Family.CONTRACTION, 2.0 * bt * m * k * n + bt * m * n, matmul=(bt, m, k, n))
 
 
-def _mv(ins: list, outs: list, args: tuple) -> Cost:
+def _mv(ins: list, outs: list, args: tuple) -> OpCost:
     a = args[0] if args[0].dim() == 2 else args[1]
     m, k = a.shape
-    return Cost(Family.CONTRACTION, 2.0 * m * k, matmul=(1, m, k, 1))
+    return OpCost(Family.CONTRACTION, 2.0 * m * k, matmul=(1, m, k, 1))
 
 
-def _dot(ins: list, outs: list, args: tuple) -> Cost:
+def _dot(ins: list, outs: list, args: tuple) -> OpCost:
     k = args[0].numel()
-    return Cost(Family.CONTRACTION, 2.0 * k, matmul=(1, 1, k, 1))
+    return OpCost(Family.CONTRACTION, 2.0 * k, matmul=(1, 1, k, 1))
 
 
-def _quantized(cost: Cost, a: torch.Tensor, epilogue_flops: float = 0.0) -> Cost:
+def _quantized(cost: OpCost, a: torch.Tensor, epilogue_flops: float = 0.0) -> OpCost:
     """A plain matmul's cost as a quantized contraction at the MXU rate of its input ``a``'s dtype."""
     return replace(cost, family=Family.QUANTIZED_CONTRACTION, flops=cost.flops + epilogue_flops,
                    dtype=str(a.dtype).removeprefix("torch."))
 
 
-def _int_mm(ins: list, outs: list, args: tuple) -> Cost:
+def _int_mm(ins: list, outs: list, args: tuple) -> OpCost:
     """int8 x int8 -> int32 (``torch._int_mm``): at the chip's int8 MXU rate, not the int32 output's."""
     return _quantized(_mm(ins, outs, args), args[0])
 
 
-def _scaled_mm(ins: list, outs: list, args: tuple) -> Cost:
+def _scaled_mm(ins: list, outs: list, args: tuple) -> OpCost:
     """fp8 x fp8 with per-tensor or per-row scales (``torch._scaled_mm``): the matmul at the fp8 rate; the
     scaling (and an optional bias) is its epilogue, one multiply-add per output element."""
     a, b = args[0], args[1]
     return _quantized(_mm(ins, outs, args), a, 2.0 * a.shape[0] * b.shape[1])
 
 
-def _weight_only_mm(ins: list, outs: list, args: tuple) -> Cost:
+def _weight_only_mm(ins: list, outs: list, args: tuple) -> OpCost:
     """Activations x int8/int4 weights stored as [n, k] (``_weight_int8pack_mm``, ``_weight_int4pack_mm``):
     the weights are dequantized to the activations' dtype on the way into the MXU, so the matmul runs at
     the activations' rate and only the weight bytes shrink."""
     a = args[0]
     m, k = a.shape
     n = outs[0].shape[-1]
-    return Cost(Family.QUANTIZED_CONTRACTION, 2.0 * m * k * n + m * n, matmul=(1, m, k, n),
+    return OpCost(Family.QUANTIZED_CONTRACTION, 2.0 * m * k * n + m * n, matmul=(1, m, k, n),
                 dtype=str(a.dtype).removeprefix("torch."))
 
 
@@ -129,21 +129,21 @@ def _conv_dims(inp: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, trans
     return groups, m, k, n
 
 
-def _conv(ins: list, outs: list, args: tuple) -> Cost:
+def _conv(ins: list, outs: list, args: tuple) -> OpCost:
     inp, weight = args[0], args[1]
     transposed, groups = bool(args[6]), int(args[8])
     g, m, k, n = _conv_dims(inp, weight, outs[0], transposed, groups)
-    return Cost(Family.CONTRACTION, 2.0 * g * m * k * n, matmul=(g, m, k, n))
+    return OpCost(Family.CONTRACTION, 2.0 * g * m * k * n, matmul=(g, m, k, n))
 
 
-def _conv_backward(ins: list, outs: list, args: tuple) -> Cost:
+def _conv_backward(ins: list, outs: list, args: tuple) -> OpCost:
     grad_out, inp, weight = args[0], args[1], args[2]
     transposed, groups = bool(args[6]), int(args[8])
     mask = args[9] if len(args) > 9 else (True, True, True)
     out_like = grad_out
     g, m, k, n = _conv_dims(inp, weight, out_like, transposed, groups)
     gemms = int(bool(mask[0])) + int(bool(mask[1]))
-    return Cost(Family.CONTRACTION, 2.0 * g * m * k * n * gemms, matmul=(g * max(gemms, 1), m, k, n))
+    return OpCost(Family.CONTRACTION, 2.0 * g * m * k * n * gemms, matmul=(g * max(gemms, 1), m, k, n))
 
 
 def _causal_fraction(s: int, t: int) -> float:
@@ -156,7 +156,7 @@ def _causal_fraction(s: int, t: int) -> float:
 
 
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, matmuls: int,
-           matmul_flops_per_score: float, kept: float | None = None) -> Cost:
+           matmul_flops_per_score: float, kept: float | None = None) -> OpCost:
     """Flash attention: Q, K, V, O and the log-sum-exp go through HBM (the recorded tensors), never the s x t
     scores; ``matmuls`` score-sized matmuls of shape (s, d) x (d, t) (or (s, t) x (t, d), the same padded
     work when the head dims are equal), 5 VPU FLOPs and one exp per kept score (scale, mask, max, sum, ...)."""
@@ -166,18 +166,18 @@ def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, matm
     if kept is None:        # the share of the s x t scores computed (a mask's skipped blocks are not)
         kept = _causal_fraction(s, t) if causal else 1.0
     scores = bh * s * t * kept
-    return Cost(Family.ATTENTION, scores * (matmul_flops_per_score + 5.0), transcendentals=scores,
+    return OpCost(Family.ATTENTION, scores * (matmul_flops_per_score + 5.0), transcendentals=scores,
                 matmul=(max(1, round(matmuls * scores / (s * t))), s, d, t))
 
 
-def _sdpa(ins: list, outs: list, args: tuple, causal_at: int) -> Cost:
+def _sdpa(ins: list, outs: list, args: tuple, causal_at: int) -> OpCost:
     """Forward: S = QK^T and O = PV (2 matmuls)."""
     q, k, v = args[0], args[1], args[2]
     causal = len(args) > causal_at and bool(args[causal_at])
     return _flash(q, k, v, causal, 2, 2.0 * (q.shape[-1] + v.shape[-1]))
 
 
-def _sdpa_backward(ins: list, outs: list, args: tuple, causal_at: int) -> Cost:
+def _sdpa_backward(ins: list, outs: list, args: tuple, causal_at: int) -> OpCost:
     """Backward recomputes the scores from the log-sum-exp: S = QK^T again, then dV = P^T dO, dP = dO V^T,
     dQ = dS K, dK = dS^T Q (5 matmuls)."""
     q, k, v = args[1], args[2], args[3]
@@ -195,7 +195,7 @@ def _window_fraction(s: int, t: int, window: int) -> float:
     return kept / (s * t)
 
 
-def _splash(args: tuple, matmuls: int) -> Cost:
+def _splash(args: tuple, matmuls: int) -> OpCost:
     """TorchTPU's splash attention (``tpu::splash_attention``, ``_backward``): flash attention whose masked
     blocks (causal, sliding window) are skipped; grouped-query K/V are read once, not per query head."""
     q, k, v = args[0], args[1], args[2]
@@ -205,47 +205,47 @@ def _splash(args: tuple, matmuls: int) -> Cost:
     return _flash(q, k, v, is_causal, matmuls, flops_per_score, kept)
 
 
-def _ragged_dot(ins: list, outs: list, args: tuple) -> Cost:
+def _ragged_dot(ins: list, outs: list, args: tuple) -> OpCost:
     """``tpu::ragged_dot`` (lhs (M, K), rhs (G, K, N)): each of the M rows meets one group's (K, N) weight, so
     2 M K N FLOPs whatever the split (a grouped matmul kernel tiles all M rows; the group sizes are device
     values a static-shape TPU program does not know)."""
     lhs, rhs = args[0], args[1]
     m, k = lhs.shape
     n = rhs.shape[-1]
-    return Cost(Family.CONTRACTION, 2.0 * m * k * n, matmul=(1, m, k, n))
+    return OpCost(Family.CONTRACTION, 2.0 * m * k * n, matmul=(1, m, k, n))
 
 
-def _ragged_dot_rhs_grad(ins: list, outs: list, args: tuple) -> Cost:
+def _ragged_dot_rhs_grad(ins: list, outs: list, args: tuple) -> OpCost:
     """The weights' gradient (G, K, N) = lhs^T grad per group: again 2 M K N over all M rows."""
     lhs, grad = args[0], args[1]
     m, k = lhs.shape
     n = grad.shape[-1]
-    return Cost(Family.CONTRACTION, 2.0 * m * k * n, matmul=(1, k, m, n))
+    return OpCost(Family.CONTRACTION, 2.0 * m * k * n, matmul=(1, k, m, n))
 
 
-def _sparse_dense_matmul(ins: list, outs: list, args: tuple, ids_at: int, rows_at: int) -> Cost:
+def _sparse_dense_matmul(ins: list, outs: list, args: tuple, ids_at: int, rows_at: int) -> OpCost:
     """A SparseCore embedding lookup (``tpu::sparse_dense_matmul``, ``_csr``): each of the nnz ids fetches one
     table row and adds gain x row to its sample's output: 2 nnz D FLOPs, nnz rows and the ids read, the
     (batch, D) output written."""
     ids, table = args[ids_at], args[rows_at]
     nnz, dim = ids.numel(), table.shape[-1]
     index = sum(nbytes(t) for t in ins if t.dtype in (torch.int64, torch.int32))
-    return Cost(Family.GATHER_SCATTER, 2.0 * nnz * dim, bytes_read=nnz * dim * table.element_size() + index,
+    return OpCost(Family.GATHER_SCATTER, 2.0 * nnz * dim, bytes_read=nnz * dim * table.element_size() + index,
                 bytes_written=nbytes(outs[0]))
 
 
-def _sparse_dense_matmul_grad(ins: list, outs: list, args: tuple, ids_at: int) -> Cost:
+def _sparse_dense_matmul_grad(ins: list, outs: list, args: tuple, ids_at: int) -> OpCost:
     """The table's gradient: each of the nnz ids scatters gain x its sample's gradient row into its table row
     (2 nnz D FLOPs, nnz rows read and written: only the touched rows move)."""
     grad, ids = args[0], args[ids_at]
     nnz, dim = ids.numel(), grad.shape[-1]
     moved = nnz * dim * grad.element_size()
     index = sum(nbytes(t) for t in ins if t.dtype in (torch.int64, torch.int32))
-    return Cost(Family.GATHER_SCATTER, 2.0 * nnz * dim, bytes_read=moved + index, bytes_written=moved)
+    return OpCost(Family.GATHER_SCATTER, 2.0 * nnz * dim, bytes_read=moved + index, bytes_written=moved)
 
 
 # torch.tpu.ops kernels (torchtpu/ops.py): adding a tpu:: kernel = one row here and one in tpusim/trace/ops.py
-_TPU_KERNELS: dict[str, Callable[[list, list, tuple], Cost]] = {
+_TPU_KERNELS: dict[str, Callable[[list, list, tuple], OpCost]] = {
     "tpu::splash_attention": lambda i, o, a: _splash(a, 2),
     "tpu::splash_attention_backward": lambda i, o, a: _splash(a, 5),
     "tpu::ragged_dot": _ragged_dot,
@@ -257,7 +257,7 @@ _TPU_KERNELS: dict[str, Callable[[list, list, tuple], Cost]] = {
 }
 
 
-_MXU: dict[str, Callable[[list, list, tuple], Cost]] = {
+_MXU: dict[str, Callable[[list, list, tuple], OpCost]] = {
     "mm": _mm, "addmm": _addmm, "_addmm_activation": _addmm, "bmm": _bmm, "baddbmm": _baddbmm, "mv": _mv,
     "addmv": lambda i, o, a: _mv(i, o, a[1:]), "dot": _dot, "vdot": _dot,
     "_int_mm": _int_mm, "_scaled_mm": _scaled_mm, "_weight_int8pack_mm": _weight_only_mm,
@@ -274,32 +274,32 @@ _MXU: dict[str, Callable[[list, list, tuple], Cost]] = {
 
 # ---------------------------------------------------------------- SparseCore: gathers and scatters
 
-def _gather_like(ins: list, outs: list, args: tuple) -> Cost:
+def _gather_like(ins: list, outs: list, args: tuple) -> OpCost:
     """Reads the fetched rows (= the output) and the indices, writes the output."""
     out = sum(nbytes(o) for o in outs if o is not None)
     index = sum(nbytes(t) for t in ins if t.dtype in (torch.int64, torch.int32))
-    return Cost(Family.GATHER_SCATTER, 0.0, bytes_read=out + index, bytes_written=out)
+    return OpCost(Family.GATHER_SCATTER, 0.0, bytes_read=out + index, bytes_written=out)
 
 
-def _embedding_bag(ins: list, outs: list, args: tuple) -> Cost:
+def _embedding_bag(ins: list, outs: list, args: tuple) -> OpCost:
     weight, indices = args[0], args[1]
     dim = weight.shape[1]
     looked_up = indices.numel() * dim
     index = sum(nbytes(t) for t in ins if t.dtype in (torch.int64, torch.int32))
-    return Cost(Family.GATHER_SCATTER, float(looked_up), bytes_read=looked_up * weight.element_size() + index,
+    return OpCost(Family.GATHER_SCATTER, float(looked_up), bytes_read=looked_up * weight.element_size() + index,
                 bytes_written=nbytes(outs[0]))
 
 
-def _scatter_like(ins: list, outs: list, args: tuple) -> Cost:
+def _scatter_like(ins: list, outs: list, args: tuple) -> OpCost:
     """Reads the source values and indices, writes that many elements of the destination."""
     src = [t for t in ins[1:] if t.dtype not in (torch.int64, torch.int32)]
     index = sum(nbytes(t) for t in ins if t.dtype in (torch.int64, torch.int32))
     moved = sum(nbytes(t) for t in src) if src else sum(nbytes(o) for o in outs if o is not None)
     elems = sum(t.numel() for t in src)
-    return Cost(Family.GATHER_SCATTER, float(elems), bytes_read=moved + index, bytes_written=moved)
+    return OpCost(Family.GATHER_SCATTER, float(elems), bytes_read=moved + index, bytes_written=moved)
 
 
-_SPARSE: dict[str, Callable[[list, list, tuple], Cost]] = {
+_SPARSE: dict[str, Callable[[list, list, tuple], OpCost]] = {
     "embedding": _gather_like, "index_select": _gather_like, "gather": _gather_like, "index": _gather_like,
     "_unsafe_index": _gather_like, "take": _gather_like, "masked_select": _gather_like,
     "_embedding_bag": _embedding_bag, "_embedding_bag_forward_only": _embedding_bag,
@@ -314,7 +314,7 @@ _SPARSE: dict[str, Callable[[list, list, tuple], Cost]] = {
 
 # Ops whose cost depends on their shapes and arguments (one formula each); every key is a contraction,
 # attention or gather/scatter op in tpusim.trace.ops (tests/test_ops.py checks it).
-_SHAPED: dict[str, Callable[[list, list, tuple], Cost]] = {**_MXU, **_SPARSE, **_TPU_KERNELS}
+_SHAPED: dict[str, Callable[[list, list, tuple], OpCost]] = {**_MXU, **_SPARSE, **_TPU_KERNELS}
 
 
 # ---------------------------------------------------------------- VPU: elementwise and reductions
@@ -364,14 +364,14 @@ def _cubic(short: str, in_numels: tuple[int, ...], out_numels: tuple[int, ...]) 
     return _FLOPS_PER_CUBE[short] * (values // n) * n ** 3 if n and values % n == 0 else None
 
 
-def op_cost(name: str, ins: list[torch.Tensor], outs: list[torch.Tensor], args: tuple) -> Cost:
+def op_cost(name: str, ins: list[torch.Tensor], outs: list[torch.Tensor], args: tuple) -> OpCost:
     """The cost of one op from its (device) inputs, outputs and arguments."""
     rule = _SHAPED.get(base_name(name))
     if rule is not None:
         try:
             return rule(ins, outs, args)
         except (AttributeError, IndexError, TypeError, ValueError):
-            return Cost(family_of(name))        # no counted work: fusion runs it alone
+            return OpCost(family_of(name))        # no counted work: fusion runs it alone
     return counted_cost(name, tuple(t.numel() for t in ins), tuple(t.numel() for t in outs if t is not None))
 
 
@@ -380,10 +380,10 @@ def reads_arguments(name: str) -> bool:
     return base_name(name) in _SHAPED
 
 
-_COUNTED: dict[tuple, Cost] = {}       # (name, input sizes, output sizes) -> Cost: the recorder asks per op
+_COUNTED: dict[tuple, OpCost] = {}       # (name, input sizes, output sizes) -> OpCost: the recorder asks per op
 
 
-def counted_cost(name: str, in_numels: tuple[int, ...], out_numels: tuple[int, ...]) -> Cost:
+def counted_cost(name: str, in_numels: tuple[int, ...], out_numels: tuple[int, ...]) -> OpCost:
     """The cost of an op without a shaped rule, from the element counts of its (device) inputs and outputs."""
     key = (name, in_numels, out_numels)
     found = _COUNTED.get(key)
@@ -394,11 +394,11 @@ def counted_cost(name: str, in_numels: tuple[int, ...], out_numels: tuple[int, .
     return found
 
 
-def _counted(name: str, in_numels: tuple[int, ...], out_numels: tuple[int, ...]) -> Cost:
+def _counted(name: str, in_numels: tuple[int, ...], out_numels: tuple[int, ...]) -> OpCost:
     family = family_of(name)
     short = base_name(name)
     if family in (Family.DATA_MOVEMENT, Family.GATHER_SCATTER):
-        return Cost(family)
+        return OpCost(family)
     if family == Family.REDUCTION:
         elements = max(in_numels, default=0)
     else:
@@ -411,4 +411,4 @@ def _counted(name: str, in_numels: tuple[int, ...], out_numels: tuple[int, ...])
     flops = elements * _FLOPS_PER_ELEMENT.get(short, 1.0)
     if short in _FLOPS_PER_CUBE:
         flops = _cubic(short, in_numels, out_numels) or flops
-    return Cost(family, float(flops), float(elements * _TRANSCENDENTAL.get(short, 0.0)))
+    return OpCost(family, float(flops), float(elements * _TRANSCENDENTAL.get(short, 0.0)))

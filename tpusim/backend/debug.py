@@ -13,7 +13,8 @@ it was given, or fills a -inf attention mask on purpose, is not blamed. Shape-on
 
 Knobs (read at import; ``configure`` changes them at run time):
 TPUSIM_DEBUG_CHECK  "on" (default) or "off": the NaN/Inf check in debug mode
-TPUSIM_DEBUG_LOG    "1": one line per op on stderr in debug mode (default off)
+TPUSIM_DEBUG_LOG    "on": one line per op on stderr in debug mode (default off)
+(both yes/no as tpusim/envvars.py reads every boolean variable: on/off, 1/0, true/false, yes/no)
 
 On the pjrt target a comparison with a CPU recomputation of each op would also belong here;
 on the sim target the op *is* the CPU computation, so there is nothing to compare.
@@ -22,29 +23,18 @@ on the sim target the op *is* the CPU computation, so there is nothing to compar
 from __future__ import annotations
 
 import cmath
-import os
 import sys
 
 import torch
 
+from tpusim import envvars
 from tpusim.backend import recorder
 from tpusim.backend.source import user_source
 from tpusim.backend.state import STATE
 from tpusim.eager import state as eager
-from tpusim.errors import TpusimError
 
-_ON, _OFF = ("on", "1", "true", "yes"), ("off", "0", "false", "no", "")
-
-
-def _flag(name: str, default: str) -> bool:
-    raw = os.environ.get(name, default).strip().lower()
-    if raw not in _ON + _OFF:
-        raise TpusimError(f"{name}={raw!r}; accepted: on, off")
-    return raw in _ON
-
-
-CHECK = _flag("TPUSIM_DEBUG_CHECK", "on")
-LOG = _flag("TPUSIM_DEBUG_LOG", "0")
+CHECK = envvars.read("TPUSIM_DEBUG_CHECK")     # on by default; yes/no as tpusim/envvars.py reads it
+LOG = envvars.read("TPUSIM_DEBUG_LOG")         # off by default
 _MODE = "strict"
 
 

@@ -11,7 +11,7 @@ the fallback also: swaps in the device's generator for random ops (so a seeded t
 draws what the CPU one draws), refuses mixed CPU/tpu inputs where CUDA would, applies the
 float64 policy (tpusim/backend/policy.py), hands the op to the recorder when one is active and, in
 debug eager mode, to tpusim/backend/debug.py (NaN/Inf check at the op). What it needs to know about an
-overload (its ``Plan``) comes from its schema (tpusim/backend/schema.py), read once.
+overload (its ``OverloadPlan``) comes from its schema (tpusim/backend/schema.py), read once.
 Ops whose CPU kernel is wrong for the device are one entry each in tpusim/backend/kernels.py.
 
 Where it runs: the boxed fallback the dispatcher calls is the shim's (tpusim/backend/csrc/fallback.cpp).
@@ -43,7 +43,7 @@ _CPU_INDEX_OK = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_i
 
 
 @dataclass
-class Plan:
+class OverloadPlan:
     """What the fallback (and the target computing the op) needs to know about one overload, computed once."""
 
     name: str
@@ -58,15 +58,15 @@ class Plan:
     cpu_ok: bool                      # CPU tensors of any rank may be mixed in (index ops)
 
 
-_PLANS: dict[object, Plan] = {}
+_PLANS: dict[object, OverloadPlan] = {}
 
 
-def _plan(op: torch._ops.OpOverload) -> Plan:
+def _plan(op: torch._ops.OpOverload) -> OverloadPlan:
     facts = schema.facts(op)
     name = facts.name
     gen_index, gen_name = facts.generator_position, facts.generator_keyword
     random = torch.Tag.nondeterministic_seeded in op.tags or gen_index >= 0 or bool(gen_name)
-    plan = Plan(name, list(facts.positional), dict(facts.keyword), list(facts.written_positions),
+    plan = OverloadPlan(name, list(facts.positional), dict(facts.keyword), list(facts.written_positions),
                 list(facts.written_keywords), gen_index, gen_name, random,
                 kernels.KERNELS.get(f"{name}.{op._overloadname}") or kernels.KERNELS.get(name),
                 name in _CPU_INDEX_OK)
@@ -79,7 +79,7 @@ class _Call:
 
     __slots__ = ("plan", "device", "pairs", "f64", "cpu_arg", "inputs")
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: OverloadPlan) -> None:
         self.plan = plan
         self.device = -1
         self.pairs: dict[int, torch.Tensor] = {}   # id(alias) -> device tensor
@@ -130,7 +130,7 @@ class _Call:
         return value
 
 
-def _mixed(plan: Plan, a: str, b: str, t: torch.Tensor) -> None:
+def _mixed(plan: OverloadPlan, a: str, b: str, t: torch.Tensor) -> None:
     where = user_source()
     raise RuntimeError(
         f"Expected all tensors to be on the same device, but found at least two devices, {a} and {b}! "
@@ -185,7 +185,7 @@ def fallback(op: torch._ops.OpOverload, *args: object, **kwargs: object) -> obje
     return out
 
 
-def _run(op: torch._ops.OpOverload, plan: Plan, hargs: list, hkwargs: dict) -> object:
+def _run(op: torch._ops.OpOverload, plan: OverloadPlan, hargs: list, hkwargs: dict) -> object:
     try:
         return STATE.target.execute(op, plan, hargs, hkwargs)
     except NotImplementedError as err:
@@ -202,7 +202,7 @@ def _run(op: torch._ops.OpOverload, plan: Plan, hargs: list, hkwargs: dict) -> o
         raise
 
 
-def _run_random(op: torch._ops.OpOverload, plan: Plan, call: _Call, hargs: list, hkwargs: dict) -> object:
+def _run_random(op: torch._ops.OpOverload, plan: OverloadPlan, call: _Call, hargs: list, hkwargs: dict) -> object:
     """Run a random op on the tpu generator's state, through the CPU default generator."""
     if plan.gen_index >= 0:
         gen = hargs[plan.gen_index] if plan.gen_index < len(hargs) else None

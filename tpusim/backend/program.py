@@ -43,7 +43,7 @@ class ProgramOp:
     name: str                       # "aten::mm"
     reads: tuple[int, ...]          # value indices
     writes: tuple[int, ...]
-    cost: costs.Cost
+    cost: costs.OpCost
     source: str                     # "file.py:line" of the user's code that traced to it
 
 
@@ -143,7 +143,7 @@ def _op(b: _Builder, node: torch.fx.Node, fakes: list[torch.Tensor | None]) -> P
     try:
         cost = costs.op_cost(*_cost_call(name, ins, outs, args if isinstance(args, tuple) else (args,)))
     except Exception:  # a cost rule must never break the user's program
-        cost = costs.Cost(Family.ELEMENTWISE)
+        cost = costs.OpCost(Family.ELEMENTWISE)
     if cost.family == Family.DATA_MOVEMENT:     # inside XLA a copy/convert/concat is elementwise work, fused
-        cost = costs.Cost(Family.ELEMENTWISE, float(sum(f.numel() for f in outs)))
+        cost = costs.OpCost(Family.ELEMENTWISE, float(sum(f.numel() for f in outs)))
     return ProgramOp(name, reads, writes, cost, _source(node))

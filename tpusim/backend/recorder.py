@@ -179,16 +179,16 @@ def record_op(op: object, name: str, inputs: list[torch.Tensor], out: object, ar
                                       seq=len(rec.records)))
 
 
-def shaped_cost(name: str, inputs: list[torch.Tensor], outs: list[torch.Tensor], args: tuple) -> costs.Cost:
+def shaped_cost(name: str, inputs: list[torch.Tensor], outs: list[torch.Tensor], args: tuple) -> costs.OpCost:
     """An op's cost from its device tensors and positional arguments (the shim asks at the op for the ops
     whose rule reads them, ``costs.reads_arguments``)."""
     try:
         return costs.op_cost(name, inputs, outs, args)
     except Exception:  # a cost rule must never break the user's program
-        return costs.Cost(Family.ELEMENTWISE)
+        return costs.OpCost(Family.ELEMENTWISE)
 
 
-def _op_record(name: str, cost: costs.Cost, ins: tuple[TensorMeta, ...], outs: tuple[TensorMeta, ...], source: str,
+def _op_record(name: str, cost: costs.OpCost, ins: tuple[TensorMeta, ...], outs: tuple[TensorMeta, ...], source: str,
                program: int = 0, seq: int = 0) -> OpRecord:
     """An op's record; bytes default to its tensors' sizes where the cost rule leaves them open."""
     read = cost.bytes_read if cost.bytes_read is not None else sum([m.nbytes for m in ins])

@@ -24,7 +24,7 @@ the best one wins: the mesh dim whose collectives gained most, on how many axes,
 One module per job, each returning dataclasses (dicts only where report.json is written,
 tpusim/report/model.py):
 
-- ``mesh``         the model: ``Mesh`` (as recorded), ``Segment``, ``Placement``, the default mapping
+- ``mesh``         the model: ``Mesh`` (as recorded), ``MeshSegment``, ``Placement``, the default mapping
 - ``parse``        ``--placement`` text -> ``Placement``
 - ``search``       every distinct placement up to torus symmetry
 - ``remap``        a placement applied to a trace (and undone)
@@ -35,13 +35,13 @@ tpusim/report/model.py):
 
 from tpusim.placement.compare import PlacementComparison, PricedPlacement, compare, price_placement, why_best
 from tpusim.placement.distributed import Distributed, distributed_info
-from tpusim.placement.mesh import Mesh, Placement, Segment, default_placement, trace_mesh
+from tpusim.placement.mesh import Mesh, MeshSegment, Placement, default_placement, trace_mesh
 from tpusim.placement.parse import parse_placement
 from tpusim.placement.remap import apply_placement, logical, remap
 from tpusim.placement.search import MAX_PLACEMENTS, enumerate_placements
 from tpusim.placement.text import describe_segments
 
-__all__ = ["MAX_PLACEMENTS", "Distributed", "Mesh", "Placement", "PlacementComparison", "PricedPlacement",
-           "Segment", "apply_placement", "compare", "default_placement", "describe_segments", "distributed_info",
-           "enumerate_placements", "logical", "parse_placement", "price_placement", "remap",
+__all__ = ["MAX_PLACEMENTS", "Distributed", "Mesh", "MeshSegment", "Placement", "PlacementComparison",
+           "PricedPlacement", "apply_placement", "compare", "default_placement", "describe_segments",
+           "distributed_info", "enumerate_placements", "logical", "parse_placement", "price_placement", "remap",
            "trace_mesh", "why_best"]

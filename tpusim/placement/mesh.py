@@ -10,13 +10,13 @@ from tpusim.errors import TpusimError
 from tpusim.slice.topology import AXIS_NAMES, Slice
 from tpusim.trace.records import Mesh, Trace
 
-__all__ = ["Mesh", "Placement", "Segment", "Wanted", "assign", "check_fits", "default_placement", "trace_mesh"]
+__all__ = ["Mesh", "MeshSegment", "Placement", "Wanted", "assign", "check_fits", "default_placement", "trace_mesh"]
 
 Wanted = dict[int, list[tuple[int, int | None]]]   # mesh dim -> [(torus axis, chips taken or None = what fits)]
 
 
 @dataclass(frozen=True)
-class Segment:
+class MeshSegment:
     """``size`` chips along torus ``axis``, ``stride`` apart in that axis' coordinate."""
 
     axis: int
@@ -29,7 +29,7 @@ class Placement:
     """Mesh dim -> segments of torus axes (innermost segment first)."""
 
     mesh: Mesh
-    dims: tuple[tuple[Segment, ...], ...]   # one entry per mesh dim, in mesh order
+    dims: tuple[tuple[MeshSegment, ...], ...]   # one entry per mesh dim, in mesh order
 
     def text(self, slice_: Slice) -> str:
         parts = []
@@ -80,7 +80,7 @@ def check_fits(mesh: Mesh, slice_: Slice) -> None:
 def assign(mesh: Mesh, slice_: Slice, wanted: Wanted) -> Placement:
     """Give each mesh dim (innermost first) its requested (axis, count) list; see tpusim/placement/__init__."""
     used = [1] * slice_.ndims          # chips of each axis already handed out (the next stride)
-    dims: list[tuple[Segment, ...]] = [()] * len(mesh.shape)
+    dims: list[tuple[MeshSegment, ...]] = [()] * len(mesh.shape)
     for d in reversed(range(len(mesh.shape))):
         need, segs, name = mesh.shape[d], [], mesh.dim_names[d]
         for axis, count in wanted.get(d, []):
@@ -91,7 +91,7 @@ def assign(mesh: Mesh, slice_: Slice, wanted: Wanted) -> Placement:
                                   f"{need} more chip(s) and axis {AXIS_NAMES[axis]} has {left} left of "
                                   f"{slice_.dims[axis]}; counts must divide both")
             if take > 1:
-                segs.append(Segment(axis, take, used[axis]))
+                segs.append(MeshSegment(axis, take, used[axis]))
             used[axis] *= take
             need //= take
         if need != 1:

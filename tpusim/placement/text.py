@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 from tpusim.slice.topology import AXIS_NAMES, Slice
 
 if TYPE_CHECKING:
-    from tpusim.placement.mesh import Segment
+    from tpusim.placement.mesh import MeshSegment
 
 
-def describe_segments(segs: tuple[Segment, ...], slice_: Slice) -> str:
+def describe_segments(segs: tuple[MeshSegment, ...], slice_: Slice) -> str:
     if not segs:
         return "no chips (size 1)"
     parts = []

@@ -1,6 +1,6 @@
 """Replay a program trace on a slice as a discrete-event simulation: host, device queue, units, ICI.
 
-``simulate(plan, slice)`` runs a ``Plan`` (``tpusim.pricing.plan``: what an eager mode made of a trace,
+``simulate(plan, slice)`` runs a ``ModePlan`` (``tpusim.pricing.plan``: what an eager mode made of a trace,
 ``tpusim.pricing.planning.plan``; the engine never calls back into the mode) in one simpy environment
 holding:
 
@@ -51,7 +51,7 @@ from tpusim.hardware.compute import KernelCost, kernel_cost, transfer_seconds
 from tpusim.hardware.memory import HbmTracker
 from tpusim.network.collectives import collective_process
 from tpusim.network.links import Network
-from tpusim.pricing.plan import Plan, Stream
+from tpusim.pricing.plan import ModePlan, RankStream
 from tpusim.pricing.timeline import TRACKS, CollectiveRun, Event, StepTime, Timeline, union_length
 from tpusim.slice.topology import Slice
 from tpusim.trace.records import CollectiveRecord, HostRecord, MemoryRecord, OpRecord, Record, StepMarker
@@ -104,7 +104,7 @@ class _Rendezvous:
 
 
 class _Sim:
-    def __init__(self, plan: Plan, slice: Slice, chunk_bytes: int | None) -> None:
+    def __init__(self, plan: ModePlan, slice: Slice, chunk_bytes: int | None) -> None:
         self.env = simpy.Environment()
         self.slice = slice
         self.chip = slice.chip
@@ -213,7 +213,7 @@ class _Sim:
 class _Chip:
     """Host + device of one simulated chip."""
 
-    def __init__(self, sim: _Sim, rank: int, stream: Stream) -> None:
+    def __init__(self, sim: _Sim, rank: int, stream: RankStream) -> None:
         self.sim = sim
         self.env = sim.env
         self.rank = rank
@@ -398,7 +398,7 @@ def _name(rec: Record | None) -> str:
     return type(rec).__name__ if rec is not None else ""
 
 
-def simulate(plan: Plan, slice: Slice, *, chunk_bytes: int | None = None) -> Timeline:
+def simulate(plan: ModePlan, slice: Slice, *, chunk_bytes: int | None = None) -> Timeline:
     """Run ``plan`` (an eager mode's plan of a trace: ``tpusim.pricing.planning.plan``) on ``slice``; see the
     module docstring for the model."""
     return _Sim(plan, slice, chunk_bytes).run()

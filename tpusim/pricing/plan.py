@@ -1,8 +1,8 @@
-"""What the simulator runs: a Plan, the record streams an eager mode made of a trace.
+"""What the simulator runs: a ModePlan, the record streams an eager mode made of a trace.
 
 Why a type of its own: pricing is one way down, ``tpusim.pricing.planning`` (the mode's rewrite of a
-trace: result checks, fusion, compiles) makes a Plan and ``tpusim.pricing.engine.simulate`` runs it,
-without calling back into the mode. A Plan says, per simulated rank, which records the host
+trace: result checks, fusion, compiles) makes a ModePlan and ``tpusim.pricing.engine.simulate`` runs it,
+without calling back into the mode. A ModePlan says, per simulated rank, which records the host
 issues, how much host time each costs to issue, and how far the host may run ahead.
 """
 
@@ -17,7 +17,7 @@ from tpusim.trace.records import CollectiveRecord, HostRecord, OpRecord, Record,
 
 
 @dataclass(frozen=True)
-class Stream:
+class RankStream:
     """One rank's records and the host seconds to issue each."""
 
     records: tuple[Record, ...]
@@ -25,12 +25,12 @@ class Stream:
 
 
 @dataclass(frozen=True)
-class Plan:
+class ModePlan:
     """A trace as a mode runs it (see the module docstring); ``meta`` is what the mode reports
     (its compile cache, its fusion), from the first simulated rank."""
 
     mode: str
-    streams: dict[int, Stream]          # simulated rank -> its stream; one rank stands for all (SPMD)
+    streams: dict[int, RankStream]          # simulated rank -> its stream; one rank stands for all (SPMD)
     world_size: int
     queue_depth: int = 1024
     sync_each_op: bool = False
@@ -61,13 +61,13 @@ def issue_seconds(record: Record, chip: ChipSpec) -> float:
 
 
 def raw_plan(trace: Trace, chip: ChipSpec, *, queue_depth: int = 1024, sync_each_op: bool = False,
-             name: str = "raw") -> Plan:
+             name: str = "raw") -> ModePlan:
     """The trace as recorded, no mode's rewrite (no compile cache, no checks, no fusion): for testing
     the engine's queue alone. Priced eager modes come from ``tpusim.pricing.planning.plan``."""
     streams = {rank: stream(records, [issue_seconds(r, chip) for r in records])
                for rank, records in rank_records(trace).items()}
-    return Plan(name, streams, trace.world_size, queue_depth, sync_each_op)
+    return ModePlan(name, streams, trace.world_size, queue_depth, sync_each_op)
 
 
-def stream(records: Sequence[Record], dispatch_s: Sequence[float]) -> Stream:
-    return Stream(tuple(records), tuple(dispatch_s))
+def stream(records: Sequence[Record], dispatch_s: Sequence[float]) -> RankStream:
+    return RankStream(tuple(records), tuple(dispatch_s))

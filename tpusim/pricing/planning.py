@@ -1,7 +1,7 @@
 """An eager mode's plan of a trace: result checks, fusion and compiles, then host issue times.
 
 ``plan(trace, mode, chip)`` is the first half of pricing (``tpusim.pricing.price``); the
-engine simulates the Plan it returns. Per simulated rank:
+engine simulates the ModePlan it returns. Per simulated rank:
 
 - **compiled programs** (torch.compile'd graphs, recorded with ``OpRecord.program``) are the
   same in every mode: one launch, fused as a whole by ``tpusim.eager.fusion``, one compile-cache
@@ -16,7 +16,7 @@ engine simulates the Plan it returns. Per simulated rank:
   figure for a TPU flag read-back exists.
 
 Every plan starts with a cold ``CompileCache`` (``tpusim.eager.compile_cache``), so modes compare
-from the same start: a miss costs ``chip.compile_s`` on the host. ``Plan.meta`` gets
+from the same start: a miss costs ``chip.compile_s`` on the host. ``ModePlan.meta`` gets
 ``compile_cache`` (``CacheStats``) and, when anything was fused, ``fusion`` (``FusionStats``).
 """
 
@@ -31,7 +31,7 @@ from tpusim.eager.compile_cache import CompileCache, with_compiles
 from tpusim.eager.fusion import FusedKernel, fuse
 from tpusim.eager.modes import EagerMode, get_mode
 from tpusim.hardware.spec import ChipSpec
-from tpusim.pricing.plan import Plan, issue_seconds, rank_records, stream
+from tpusim.pricing.plan import ModePlan, issue_seconds, rank_records, stream
 from tpusim.trace.records import HostRecord, OpRecord, Record, Trace
 
 # Share of an eager op's host dispatch that Fused still pays per op: Python and the PyTorch
@@ -42,15 +42,15 @@ CHECK_FLOPS_PER_ELEMENT = 2.0   # debug: isfinite + AND-reduce per element of a 
 DEBUG_CHECK = "debug_check"     # reason of debug's flag read-back host records
 
 
-def plan(trace: Trace, mode: str | EagerMode, chip: ChipSpec) -> Plan:
-    """The Plan of ``trace`` under ``mode`` on ``chip`` (see the module docstring)."""
+def plan(trace: Trace, mode: str | EagerMode, chip: ChipSpec) -> ModePlan:
+    """The ModePlan of ``trace`` under ``mode`` on ``chip`` (see the module docstring)."""
     mode = mode if isinstance(mode, EagerMode) else get_mode(mode)
     streams, meta = {}, None
     for rank, records in rank_records(trace).items():
         records, rank_meta = _rewrite(records, mode, chip)
         streams[rank] = stream(records, [dispatch_seconds(r, chip) for r in records])
         meta = rank_meta if meta is None else meta
-    return Plan(mode.name, streams, trace.world_size, mode.queue_depth, mode.sync_each_op, meta or {})
+    return ModePlan(mode.name, streams, trace.world_size, mode.queue_depth, mode.sync_each_op, meta or {})
 
 
 def _rewrite(records: Sequence[Record], mode: EagerMode, chip: ChipSpec) -> tuple[tuple[Record, ...], dict[str, Any]]:

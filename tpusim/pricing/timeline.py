@@ -99,7 +99,7 @@ class Timeline:
     symmetric: bool                       # True: one chip stood for every rank (SPMD)
     policy: str
     kernels: int
-    meta: dict[str, Any] = field(default_factory=dict)   # the policy's Plan.meta (first simulated chip)
+    meta: dict[str, Any] = field(default_factory=dict)   # the policy's ModePlan.meta (first simulated chip)
     host_compile_s: float = 0.0                          # host time compiling regions (compile-cache misses)
 
     @property

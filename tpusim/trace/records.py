@@ -418,18 +418,18 @@ class RanksOne:
 
 @dataclass(frozen=True)
 class GraphBreak:
-    """A torch.compile graph break: Dynamo's reason and the user's line."""
+    """A torch.compile graph break: Dynamo's reason and the user's line (built by tpusim/backend/compile.py)."""
 
     reason: str
-    source: str
+    source: str             # "file:line" of the user's code where Dynamo broke the graph
 
 
 @dataclass(frozen=True)
 class DynamoRecompile:
-    """A function Dynamo traced again, and the guard that failed."""
+    """A function Dynamo traced again, and the guard that failed (built by tpusim/backend/compile.py)."""
 
-    function: str
-    reason: str
+    function: str           # "name (file:line)"
+    reason: str             # the guard that failed
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ another module; callers ask the held target.
 A target answers four calls:
 
 - ``execute(op, plan, host_args, host_kwargs)``: compute one op on the host aliases of its
-  arguments (``plan`` is the fallback's ``Plan`` of the overload) and return what the overload
+  arguments (``plan`` is the fallback's ``OverloadPlan`` of the overload) and return what the overload
   returns, as host tensors; arguments it writes must hold their values in host memory by the time
   anyone reads them (at once, or at the next ``flush``);
 - ``flush(reason)``: run pending work now, because code outside ``execute`` is about to read
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from tpusim.backend.fallback import Plan
+from tpusim.backend.fallback import OverloadPlan
 from tpusim.backend.state import STATE
 
 
@@ -38,7 +38,7 @@ class Target:
 
     name = ""
 
-    def execute(self, op: torch._ops.OpOverload, plan: Plan, host_args: list, host_kwargs: dict) -> object:
+    def execute(self, op: torch._ops.OpOverload, plan: OverloadPlan, host_args: list, host_kwargs: dict) -> object:
         raise NotImplementedError
 
     def flush(self, reason: str) -> None:

@@ -49,7 +49,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from tpusim.backend import schema
-from tpusim.backend.fallback import Plan
+from tpusim.backend.fallback import OverloadPlan
 from tpusim.backend.lowering import MissingLowering, jax_function, lookup  # fills the table, turns on jax x64
 from tpusim.backend.lowering.dtypes import jax_dtype, torch_dtype
 from tpusim.backend.state import STATE
@@ -268,7 +268,7 @@ def _note_host(op: torch._ops.OpOverload, why: str) -> None:
 # ---------------------------------------------------------------- executing one op
 
 
-def execute(op: torch._ops.OpOverload, plan: Plan, hargs: list, hkwargs: dict) -> object:
+def execute(op: torch._ops.OpOverload, plan: OverloadPlan, hargs: list, hkwargs: dict) -> object:
     """One op on the PJRT target (``PJRT.execute``; see the module docstring)."""
     if not STATE.numerics or plan.random or plan.kernel is not None:
         return _host(op, plan, hargs, hkwargs)
@@ -301,7 +301,7 @@ def _functional_kwargs(op: torch._ops.OpOverload) -> set[str]:
     return names
 
 
-def _host(op: torch._ops.OpOverload, plan: Plan, hargs: list, hkwargs: dict, view: bool = False) -> object:
+def _host(op: torch._ops.OpOverload, plan: OverloadPlan, hargs: list, hkwargs: dict, view: bool = False) -> object:
     """The CPU kernel on the host aliases (as the sim target runs it). In fused mode it runs outside the
     window: alone where fusion cuts (an opaque op), after a cut where it touches pending values
     (``host``); a view op reads none."""
@@ -339,7 +339,7 @@ class PjrtTarget(Target):
 
     name = "pjrt"
 
-    def execute(self, op: torch._ops.OpOverload, plan: Plan, host_args: list, host_kwargs: dict) -> object:
+    def execute(self, op: torch._ops.OpOverload, plan: OverloadPlan, host_args: list, host_kwargs: dict) -> object:
         return execute(op, plan, host_args, host_kwargs)
 
     def flush(self, reason: str) -> None:

@@ -93,7 +93,7 @@ def fusible(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], 
     try:
         cost = costs.op_cost(name, inputs, outputs, args)
     except Exception:  # noqa: BLE001  (the recorder's fallback for a failing cost rule)
-        cost = costs.Cost(Family.ELEMENTWISE)
+        cost = costs.OpCost(Family.ELEMENTWISE)
     return RULES[fusion_role(cost.family, cost.unit, cost.flops, cost.transcendentals)].fusible
 
 

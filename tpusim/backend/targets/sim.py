@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import torch
 
-from tpusim.backend.fallback import Plan
+from tpusim.backend.fallback import OverloadPlan
 from tpusim.backend.state import STATE
 from tpusim.backend.targets.base import Target
 from tpusim.eager import state as eager
 
 
-def run_kernel(op: torch._ops.OpOverload, plan: Plan, host_args: list, host_kwargs: dict) -> object:
+def run_kernel(op: torch._ops.OpOverload, plan: OverloadPlan, host_args: list, host_kwargs: dict) -> object:
     """The hand-written kernel (tpusim/backend/kernels.py) or the CPU kernel of ``op``, on the host aliases."""
     if plan.kernel is not None:
         return plan.kernel(op, host_args, host_kwargs)
@@ -32,7 +32,7 @@ def run_kernel(op: torch._ops.OpOverload, plan: Plan, host_args: list, host_kwar
 class SimTarget(Target):
     name = "sim"
 
-    def execute(self, op: torch._ops.OpOverload, plan: Plan, host_args: list, host_kwargs: dict) -> object:
+    def execute(self, op: torch._ops.OpOverload, plan: OverloadPlan, host_args: list, host_kwargs: dict) -> object:
         return run_kernel(op, plan, host_args, host_kwargs)
 
     def activate(self) -> None:

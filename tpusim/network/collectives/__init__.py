@@ -76,7 +76,16 @@ from tpusim.network.collectives.groups import (
 )
 from tpusim.network.collectives.groups import group_axes as _group_axes
 from tpusim.network.collectives.groups import group_shape as _group_shape
-from tpusim.network.collectives.plan import Cost, Phase, Plan, PlanRun, Tuning, estimate, merge_translates, tune
+from tpusim.network.collectives.plan import (
+    CollectiveCost,
+    CollectivePlan,
+    Phase,
+    PlanRun,
+    Tuning,
+    estimate,
+    merge_translates,
+    tune,
+)
 from tpusim.network.links import DCN_AXIS, DEFAULT_CHUNK_BYTES, Network
 from tpusim.slice.topology import FaultError, Slice
 
@@ -90,8 +99,8 @@ class Algorithm:
 
     name: str
     summary: str
-    plan: Callable[[Request], Plan]
-    cost: Callable[[Request], Cost | None]      # None: price the plan with plan.estimate
+    plan: Callable[[Request], CollectivePlan]
+    cost: Callable[[Request], CollectiveCost | None]      # None: price the plan with plan.estimate
     supports: Callable[[Request], str | None]   # None when it applies, else why not
 
 
@@ -182,7 +191,7 @@ def _algorithm(name: str) -> Algorithm:
 
 
 @lru_cache(maxsize=512)
-def build_plan(req: Request, name: str) -> Plan:
+def build_plan(req: Request, name: str) -> CollectivePlan:
     """The DES plan of ``name`` for ``req`` (no start-up overhead), with the streams of SPMD
     translates that share its channels (``req.spmd``, strided segments) played beside it."""
     alg = _algorithm(name)
@@ -204,10 +213,10 @@ def build_plan(req: Request, name: str) -> Plan:
             shared += 1
     note = (f"{plan.note}; " if plan.note else "") + (
         f"with the {shared} SPMD translate(s) interleaved on its links (groups of the same mesh dim)")
-    return Plan(tuple(Phase(tuple(p)) for p in phases), note, plan.overhead_s)
+    return CollectivePlan(tuple(Phase(tuple(p)) for p in phases), note, plan.overhead_s)
 
 
-def _routed(alg: Algorithm, req: Request) -> Plan:
+def _routed(alg: Algorithm, req: Request) -> CollectivePlan:
     """``alg.plan(req)`` on a faulted slice, a route the failures cut named with its collective."""
     try:
         return alg.plan(req)
@@ -215,7 +224,7 @@ def _routed(alg: Algorithm, req: Request) -> Plan:
         raise FaultError(f"{req.kind} over {req.group_size} ranks cannot complete: {error}") from None
 
 
-def _faulted_plan(req: Request, alg: Algorithm, plan: Plan) -> Plan:
+def _faulted_plan(req: Request, alg: Algorithm, plan: CollectivePlan) -> CollectivePlan:
     """On a faulted slice: the plan built line by line (with the SPMD translates' streams beside it
     when ``req.spmd``), folded by ``merge_translates`` (module docstring, "Faults")."""
     phases = [list(p.streams) for p in plan.phases]
@@ -224,17 +233,18 @@ def _faulted_plan(req: Request, alg: Algorithm, plan: Plan) -> Plan:
         for i, p in enumerate(_routed(alg, check_members(other, req)).phases[:len(phases)]):
             phases[i].extend(dataclasses.replace(s, own=False) for s in p.streams)
     built = sum(len(p) for p in phases)
-    merged = merge_translates(Plan(tuple(Phase(tuple(p)) for p in phases), plan.note, plan.overhead_s), req.slice)
+    merged = merge_translates(CollectivePlan(tuple(Phase(tuple(p)) for p in phases), plan.note, plan.overhead_s),
+                              req.slice)
     kept = sum(len(p.streams) for p in merged.phases)
     note = (f"faulted slice: {kept} of {built} streams simulated (in full where a fault or a detour "
             f"touches them, once per shape elsewhere)")
     if others:
         note += f", with the {len(others)} other group(s) of its mesh dim"
-    return Plan(merged.phases, (f"{plan.note}; " if plan.note else "") + note, plan.overhead_s)
+    return CollectivePlan(merged.phases, (f"{plan.note}; " if plan.note else "") + note, plan.overhead_s)
 
 
 @lru_cache(maxsize=1024)
-def algorithm_cost(req: Request, name: str) -> Cost:
+def algorithm_cost(req: Request, name: str) -> CollectiveCost:
     """Closed form of ``name`` for ``req`` without the start-up overhead (on a faulted slice: the
     rerouted plan's ``estimate``)."""
     cost = None if req.slice.faults else _algorithm(name).cost(req)
@@ -273,12 +283,12 @@ def best_ici_algorithm(req: Request) -> str:
 CHOOSER_SNAKE_MAX_RANKS = 1024
 
 
-def _best_ici_plan(req: Request) -> tuple[str, Plan]:
+def _best_ici_plan(req: Request) -> tuple[str, CollectivePlan]:
     name = best_ici_algorithm(req)
     return name, build_plan(req, name)
 
 
-def _best_ici_cost(req: Request) -> Cost:
+def _best_ici_cost(req: Request) -> CollectiveCost:
     return algorithm_cost(req, best_ici_algorithm(req))
 
 
@@ -339,8 +349,8 @@ def group_axes(slice: Slice, group: Sequence[int]) -> tuple[int, ...] | None:
 
 def group_shape(slice: Slice, group: Sequence[int]):
     """(axes, segments) of a group that is a product of axis segments, else None (groups.py):
-    ``segments`` is () for full axis lines, else one ``Segment`` (size, stride, start, cyclic) per
-    axis, e.g. ranks {0, 1} of 3d:8x8x8 -> ((0,), (Segment(x, size 2, stride 1, a line),))."""
+    ``segments`` is () for full axis lines, else one ``GroupSegment`` (size, stride, start, cyclic) per
+    axis, e.g. ranks {0, 1} of 3d:8x8x8 -> ((0,), (GroupSegment(x, size 2, stride 1, a line),))."""
     return _group_shape(slice, group)
 
 
@@ -365,7 +375,7 @@ def closed_form_time(slice: Slice, kind: str, nbytes: float, axes=None, algorith
 
 
 @lru_cache(maxsize=512)
-def _played(req: Request, name: str, chunk_bytes: float) -> tuple[Plan, Tuning, float]:
+def _played(req: Request, name: str, chunk_bytes: float) -> tuple[CollectivePlan, Tuning, float]:
     """(plan with start-up overhead, its tuning, closed form) of one collective on one network."""
     plan = dataclasses.replace(build_plan(req, name), overhead_s=_overhead_s(req))
     return plan, tune(plan, chunk_bytes), algorithm_cost(req, name).total_s + plan.overhead_s

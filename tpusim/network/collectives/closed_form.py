@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tpusim.network.collectives.plan import Cost
+from tpusim.network.collectives.plan import CollectiveCost
 
 
 @dataclass(frozen=True)
@@ -53,26 +53,26 @@ class Axis:
         return self.bw / self.share
 
 
-def step(ax: Axis, nbytes: float, edges: int = 1) -> Cost:
+def step(ax: Axis, nbytes: float, edges: int = 1) -> CollectiveCost:
     """One step moving ``nbytes`` over ``edges`` edges of the axis (module docstring)."""
     lat = edges * ax.lat
-    alone = Cost(lat, nbytes / ax.bw)
+    alone = CollectiveCost(lat, nbytes / ax.bw)
     if ax.share == 1:
         return alone
     hop = ax.lat if ax.hop_lat is None else ax.hop_lat
-    shared = Cost(hop, ax.share * nbytes / ax.bw)
+    shared = CollectiveCost(hop, ax.share * nbytes / ax.bw)
     return alone if alone.total_s >= shared.total_s else shared
 
 
-def steps(ax: Axis, sizes, edges: int = 1) -> Cost:
+def steps(ax: Axis, sizes, edges: int = 1) -> CollectiveCost:
     """Steps one after another, one per size in ``sizes``."""
-    total = Cost()
+    total = CollectiveCost()
     for nbytes in sizes:
         total = total + step(ax, nbytes, edges)
     return total
 
 
-def ag_rs(ax: Axis, data: float, variant: str) -> Cost:
+def ag_rs(ax: Axis, data: float, variant: str) -> CollectiveCost:
     """All-gather of ``data`` output bytes per rank (reduce-scatter: input bytes), shard s = data/n.
 
     - ring, uni: n-1 steps, each one shard over one hop:      (n-1)(d + s/W)   ~ V/W
@@ -86,21 +86,21 @@ def ag_rs(ax: Axis, data: float, variant: str) -> Cost:
     """
     n, s = ax.n, data / ax.n
     if n < 2:
-        return Cost()
+        return CollectiveCost()
     if ax.cyclic and variant == "bidi":
         full = (n - 1) // 2 if n % 2 else n // 2 - 1
-        return step(ax, s).scaled(full) + (step(ax, s / 2) if n % 2 == 0 else Cost())
+        return step(ax, s).scaled(full) + (step(ax, s / 2) if n % 2 == 0 else CollectiveCost())
     if ax.cyclic or variant == "bidi" or n == 2:
         return step(ax, s).scaled(n - 1)
     return step(ax, s, 2).scaled(n - 1)
 
 
-def all_reduce(ax: Axis, data: float, variant: str) -> Cost:
+def all_reduce(ax: Axis, data: float, variant: str) -> CollectiveCost:
     """Reduce-scatter then all-gather on the same ring: 2 x ``ag_rs`` (~ 2V/W2 bidi on a ring)."""
     return ag_rs(ax, data, variant).scaled(2)
 
 
-def all_to_all(ax: Axis, buffer: float, variant: str) -> Cost:
+def all_to_all(ax: Axis, buffer: float, variant: str) -> CollectiveCost:
     """All-to-all by forwarding bundles; piece p = B/n goes to each rank.
 
     - ring, uni: step t carries the n-t pieces still travelling:
@@ -116,7 +116,7 @@ def all_to_all(ax: Axis, buffer: float, variant: str) -> Cost:
     """
     n, p = ax.n, buffer / ax.n
     if n < 2:
-        return Cost()
+        return CollectiveCost()
     if ax.cyclic and variant == "bidi":
         if n % 2 == 0:  # step t carries far - t - 1/2 pieces (the opposite one split): far^2/2 in all
             far = n // 2
@@ -129,7 +129,7 @@ def all_to_all(ax: Axis, buffer: float, variant: str) -> Cost:
     return steps(ax, bundles, 2)
 
 
-def chain(ax: Axis, data: float, variant: str, root: int = 0) -> Cost:
+def chain(ax: Axis, data: float, variant: str, root: int = 0) -> CollectiveCost:
     """Broadcast (or reduce) as pipelined chains (cut-through, so a chain of h hops costs h d + V/W).
 
     - ring, uni: one chain of n-1 hops:                     (n-1)d + V/W
@@ -138,18 +138,18 @@ def chain(ax: Axis, data: float, variant: str, root: int = 0) -> Cost:
     """
     n = ax.n
     if n < 2:
-        return Cost()
+        return CollectiveCost()
     bw = ax.shared_bw
     if ax.cyclic:
-        return Cost((n - 1) * ax.lat, data / (2 * bw if variant == "bidi" else bw))
-    return Cost(max(root, n - 1 - root) * ax.lat, data / bw)
+        return CollectiveCost((n - 1) * ax.lat, data / (2 * bw if variant == "bidi" else bw))
+    return CollectiveCost(max(root, n - 1 - root) * ax.lat, data / bw)
 
 
-def shift(ax: Axis, data: float) -> Cost:
+def shift(ax: Axis, data: float) -> CollectiveCost:
     """Permute by one: ring d + V/W; line: the last rank's message goes back n-1 hops on the
     otherwise idle reverse channels: (n-1)d + V/W."""
     if ax.n < 2:
-        return Cost()
+        return CollectiveCost()
     return step(ax, data, 1 if ax.cyclic else ax.n - 1)
 
 
@@ -186,7 +186,7 @@ def crossings(ax: Axis, root: int | None) -> tuple[int, int]:
     return max(max(pair) for pair in load), far
 
 
-def direct(axes: list[Axis], flow_bytes: float, pattern: str, roots: list[int]) -> Cost:
+def direct(axes: list[Axis], flow_bytes: float, pattern: str, roots: list[int]) -> CollectiveCost:
     """One-shot over a product of axes with dimension-order routing (first axis first): the
     textbook alpha-beta  o + (longest route) d + (busiest channel's bytes) / W.
 
@@ -215,4 +215,4 @@ def direct(axes: list[Axis], flow_bytes: float, pattern: str, roots: list[int]) 
             mult = math.prod(a.n for a in axes[:k])
         lat += far * ax.lat
         worst = max(worst, c * mult * flow_bytes / ax.shared_bw)
-    return Cost(lat, worst)
+    return CollectiveCost(lat, worst)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from tpusim.network.collectives import patterns
 from tpusim.network.collectives.closed_form import Axis
 from tpusim.network.collectives.groups import Line, Request, interleaved_offsets
-from tpusim.network.collectives.plan import Cost, Phase, Stream
+from tpusim.network.collectives.plan import CollectiveCost, Phase, TransferStream
 
 COMMUNICATING = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "reduce")
 
 
-def phase(streams: list[Stream]) -> Phase:
+def phase(streams: list[TransferStream]) -> Phase:
     return Phase(tuple(streams))
 
 
@@ -47,7 +47,7 @@ def line_phases(kind: str, line: Line, nbytes: float, variant: str, root: int) -
     raise AssertionError(kind)
 
 
-def line_cost(kind: str, ax: Axis, nbytes: float, variant: str, root: int) -> Cost:
+def line_cost(kind: str, ax: Axis, nbytes: float, variant: str, root: int) -> CollectiveCost:
     """Closed form of ``line_phases`` (see closed_form.py for each derivation)."""
     from tpusim.network.collectives import closed_form as cf
 

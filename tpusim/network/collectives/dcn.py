@@ -53,7 +53,7 @@ from tpusim.network.collectives import patterns
 from tpusim.network.collectives.closed_form import Axis
 from tpusim.network.collectives.common import line_cost, line_phases, phase
 from tpusim.network.collectives.groups import Line, Request, axis_line
-from tpusim.network.collectives.plan import Cost, Phase, Plan, Step, Stream, Transfer
+from tpusim.network.collectives.plan import CollectiveCost, CollectivePlan, Phase, Step, Transfer, TransferStream
 
 # (where, kind, which slices run it: "all", "root" slice only, "others") per collective
 STAGES = {
@@ -144,9 +144,9 @@ def dcn_axis(req: Request) -> Axis:
 
 # --------------------------------------------------------------------------- DCN stage algorithms
 
-def _ring_cost(sub: Request, ax: Axis) -> Cost:
+def _ring_cost(sub: Request, ax: Axis) -> CollectiveCost:
     if sub.kind == "all_to_all":  # each chip's NIC sends (S-1) pieces of B/S, one crossing
-        return Cost(ax.lat, (ax.n - 1) * sub.nbytes / ax.n / ax.bw)
+        return CollectiveCost(ax.lat, (ax.n - 1) * sub.nbytes / ax.n / ax.bw)
     return line_cost(sub.kind, ax, sub.nbytes, "uni", 0)
 
 
@@ -154,11 +154,11 @@ def _tree_levels(s: int) -> int:
     return math.ceil(math.log2(s)) if s > 1 else 0
 
 
-def _tree_cost(sub: Request, ax: Axis) -> Cost | None:
+def _tree_cost(sub: Request, ax: Axis) -> CollectiveCost | None:
     if sub.kind != "all_reduce":
         return None
     levels = _tree_levels(ax.n)
-    return Cost(2 * levels * ax.lat, 2 * levels * sub.nbytes / ax.bw)
+    return CollectiveCost(2 * levels * ax.lat, 2 * levels * sub.nbytes / ax.bw)
 
 
 def _ring_plan(line: Line, sub: Request, scale: float, floor: float) -> list[Phase]:
@@ -181,7 +181,7 @@ def _tree_plan(line: Line, sub: Request, scale: float, floor: float) -> list[Pha
     nbytes, levels = scale * sub.nbytes, _tree_pairs(line.n)
     up = tuple(Step(tuple(Transfer(line.path(a, b), nbytes) for a, b in pairs)) for pairs in levels)
     down = tuple(Step(tuple(Transfer(line.path(b, a), nbytes) for a, b in pairs)) for pairs in reversed(levels))
-    return [Phase((Stream(up, line.copies),)), Phase((Stream(down, line.copies),))]
+    return [Phase((TransferStream(up, line.copies),)), Phase((TransferStream(down, line.copies),))]
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ class StageAlgorithm:
     """One way to run the DCN stage: its closed form (None: does not apply) and its plan."""
 
     name: str
-    cost: Callable[[Request, Axis], Cost | None]
+    cost: Callable[[Request, Axis], CollectiveCost | None]
     plan: Callable[[Line, Request, float, float], list[Phase]]
 
 
@@ -199,9 +199,9 @@ STAGE_ALGORITHMS: dict[str, StageAlgorithm] = {
 }
 
 
-def choose_stage(sub: Request, ax: Axis) -> tuple[str, Cost]:
+def choose_stage(sub: Request, ax: Axis) -> tuple[str, CollectiveCost]:
     """The DCN stage algorithm with the cheapest closed form (ring on a tie)."""
-    best: tuple[str, Cost] | None = None
+    best: tuple[str, CollectiveCost] | None = None
     for name, algo in STAGE_ALGORITHMS.items():
         cost = algo.cost(sub, ax)
         if cost is not None and (best is None or cost.total_s < best[1].total_s):
@@ -251,7 +251,7 @@ def _dcn_plan(req: Request, sub: Request, copies: int) -> tuple[str, list[Phase]
     return name, STAGE_ALGORITHMS[name].plan(line, sub, scale, floor)
 
 
-def plan(req: Request, inside: Callable[[Request], tuple[str, Plan]]) -> Plan:
+def plan(req: Request, inside: Callable[[Request], tuple[str, CollectivePlan]]) -> CollectivePlan:
     """The stages' plan; ``inside`` is the registry's best ICI plan for a stage inside one slice (handed in,
     so this module does not import the registry that lists it)."""
     phases: list[Phase] = []
@@ -267,12 +267,12 @@ def plan(req: Request, inside: Callable[[Request], tuple[str, Plan]]) -> Plan:
         notes.append(f"ICI {sub.kind} by {name}")
         for ph in inner.phases:  # the slices running it are translates: the root's stands for all
             phases.append(Phase(tuple(replace(s, copies=s.copies * copies) for s in ph.streams)))
-    return Plan(tuple(phases), "; ".join(notes))
+    return CollectivePlan(tuple(phases), "; ".join(notes))
 
 
-def cost(req: Request, inside: Callable[[Request], Cost]) -> Cost:
+def cost(req: Request, inside: Callable[[Request], CollectiveCost]) -> CollectiveCost:
     """The stages' closed form; ``inside`` prices a stage inside one slice by the registry's best algorithm."""
-    total = Cost()
+    total = CollectiveCost()
     for where, sub, _copies in _stages(req):
         if where == "dcn":
             total = total + choose_stage(sub, dcn_axis(req))[1]

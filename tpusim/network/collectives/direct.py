@@ -22,7 +22,7 @@ from tpusim.network.collectives.groups import (
     node_path,
     ring_line,
 )
-from tpusim.network.collectives.plan import Cost, Plan
+from tpusim.network.collectives.plan import CollectiveCost, CollectivePlan
 
 DIRECT_MAX_RANKS = 64
 
@@ -40,16 +40,16 @@ def _members(req: Request) -> list[Node]:
     return list(req.ranks) if req.ranks is not None else group_snake(req)
 
 
-def plan(req: Request) -> Plan:
+def plan(req: Request) -> CollectivePlan:
     s = req.slice
     if req.kind == "permute":
         if req.ranks is not None:
-            return Plan((phase(patterns.shift(ring_line(s, req.ranks), req.nbytes)),),
+            return CollectivePlan((phase(patterns.shift(ring_line(s, req.ranks), req.nbytes)),),
                         "shift by one along the group's order")
         a = req.axes[0]
         copies = lines_per_axis(req, a)
         lines = lines_for(req, a, req.axes[1:])
-        return Plan((phase([s for line in lines for s in patterns.shift(line, req.nbytes)]),),
+        return CollectivePlan((phase([s for line in lines for s in patterns.shift(line, req.nbytes)]),),
                     f"shift by one along {req.axis_label(a)}; "
                     + (f"all {copies} lines" if req.slice.faults else f"1 representative line (of {copies})"))
     nodes = _members(req)
@@ -69,10 +69,10 @@ def plan(req: Request) -> Plan:
                     flows.append((node_path(s, a, b), size))
     chip = s.chip
     floor = chip.ici_link_bytes_per_s * chip.ici_hop_latency_ns * 1e-9 / 8
-    return Plan((phase(patterns.direct(flows, 1, floor)),), f"all {len(flows)} flows of the group")
+    return CollectivePlan((phase(patterns.direct(flows, 1, floor)),), f"all {len(flows)} flows of the group")
 
 
-def cost(req: Request) -> Cost | None:
+def cost(req: Request) -> CollectiveCost | None:
     if req.ranks is not None or req.slice.twisted or req.slice.faults:
         return None
     if req.kind == "permute":

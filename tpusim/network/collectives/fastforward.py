@@ -30,12 +30,13 @@ instant.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from heapq import heappush
 
 import simpy
+from simpy.events import NORMAL, Event, EventPriority
 
-from tpusim.network.collectives.plan import Plan, PlanRun, Tuning
+from tpusim.network.collectives.plan import CollectivePlan, PlanRun, Tuning
 from tpusim.network.links import Network
 
 ENABLED = True
@@ -61,7 +62,7 @@ class Held:
     """A collective fast-forwarded on an idle network: ends at start + ``elapsed_s`` unless
     another flow starts first, which turns it into a real simulation (``realize``)."""
 
-    def __init__(self, net: Network, plan: Plan, tuning: Tuning, elapsed_s: float,
+    def __init__(self, net: Network, plan: CollectivePlan, tuning: Tuning, elapsed_s: float,
                  on_done: Callable[[], None]):
         self.net, self.plan, self.tuning, self.on_done = net, plan, tuning, on_done
         self.start_s = net.env.now
@@ -88,7 +89,7 @@ class Held:
         net = self.net
         main = net.env
         now = main.now
-        private = simpy.Environment(initial_time=self.start_s)
+        private = _Replay(self.start_s)
         net.env = private
         try:
             PlanRun(net, self.plan, self.tuning, self.on_done).start()
@@ -96,9 +97,35 @@ class Held:
                 private.step()
         finally:
             net.env = main
-        # simpy keeps its event heap in ``_queue`` (time, priority, id, event) and numbers events
-        # with ``_eid``: the events keep their exact times and their order among themselves.
-        for when, priority, _eid, event in sorted(private._queue, key=lambda e: e[:3]):
+        # its pending events, in the order the private clock would have processed them, scheduled on
+        # the shared one: they keep their exact times and their order among themselves
+        for when, priority, _order, event in sorted(e for e in private.scheduled if not e[3].processed):
             event.env = main
-            heappush(main._queue, (when, priority, next(main._eid), event))
-        private._queue.clear()
+            main.schedule(event, priority, _delay_to(main.now, when))
+
+
+class _Replay(simpy.Environment):
+    """The private clock of a replay: notes every event it schedules (absolute time, priority, order),
+    so that those still pending can be moved onto the shared clock through simpy's public API."""
+
+    def __init__(self, initial_time: float):
+        super().__init__(initial_time)
+        self.scheduled: list[tuple[float, EventPriority, int, Event]] = []
+
+    def schedule(self, event: Event, priority: EventPriority = NORMAL, delay: float = 0) -> None:
+        self.scheduled.append((self.now + delay, priority, len(self.scheduled), event))
+        super().schedule(event, priority, delay)
+
+
+def _delay_to(now: float, when: float) -> float:
+    """The delay ``d`` with ``now + d == when`` exactly in floating point (what ``schedule`` computes).
+    ``when - now`` is one (Sterbenz: ``when <= 2 * now``, and ``now == 0``); further apart it can miss
+    by an ulp, and a neighbour of it lands exactly. Where no delay does (a rounding tie, ``when`` over
+    twice ``now``), ``when - now``: the time is then off by an ulp, as simpy's own ``run(until=...)``."""
+    delay = when - now
+    for step in (delay, math.nextafter(delay, math.inf), math.nextafter(delay, -math.inf),
+                 math.nextafter(math.nextafter(delay, math.inf), math.inf),
+                 math.nextafter(math.nextafter(delay, -math.inf), -math.inf)):
+        if now + step == when:
+            return step
+    return delay

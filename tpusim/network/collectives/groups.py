@@ -68,7 +68,7 @@ Path = tuple[ChannelKey, ...]
 
 
 @dataclass(frozen=True)
-class Segment:
+class GroupSegment:
     """How a group covers one torus axis: ``size`` chips ``stride`` apart from coordinate ``start``
     (mod the axis length when it wraps); ``cyclic`` when they close into a ring (module docstring)."""
 
@@ -106,7 +106,7 @@ class Request:
     root: Node                          # the group's first rank: broadcast/reduce root, line anchor
     ranks: tuple[Node, ...] | None      # irregular group, in ring order; None when ``axes`` describe it
     group_size: int
-    segments: tuple[Segment, ...] = ()  # one per ICI axis in ``axes`` when some is not whole; () else
+    segments: tuple[GroupSegment, ...] = ()  # one per ICI axis in ``axes`` when some is not whole; () else
     spmd: bool = False                  # its SPMD translates run too (set for strided segments, and for
                                         # every product group on a faulted slice)
 
@@ -114,13 +114,13 @@ class Request:
     def dcn_axis(self) -> int:
         return self.slice.ndims
 
-    def segment(self, axis: int) -> Segment:
+    def segment(self, axis: int) -> GroupSegment:
         """The group's segment of an ICI axis (the whole axis unless ``segments`` says otherwise)."""
         for seg in self.segments:
             if seg.axis == axis:
                 return seg
         n = self.slice.dims[axis]
-        return Segment(axis, n, 1, 0, bool(self.slice.wrap[axis]) and n > 1)
+        return GroupSegment(axis, n, 1, 0, bool(self.slice.wrap[axis]) and n > 1)
 
     def position(self, axis: int) -> int:
         """The root's index along its line of ``axis`` (its coordinate, on a whole axis)."""
@@ -230,16 +230,16 @@ def _group_axes(slice_: Slice, ranks: tuple[int, ...]) -> tuple[int, ...] | None
     return shape[0] if shape is not None and not shape[1] else None
 
 
-def group_shape(slice_: Slice, group: Sequence[int]) -> tuple[tuple[int, ...], tuple[Segment, ...]] | None:
+def group_shape(slice_: Slice, group: Sequence[int]) -> tuple[tuple[int, ...], tuple[GroupSegment, ...]] | None:
     """(axes spanned, segments) when the group is a product of axis segments (module docstring),
     else None. ``segments`` is () when every spanned axis is whole (``group_axes``'s groups), else
-    one ``Segment`` per spanned axis. E.g. on 3d:8x8x8, ranks {0, 1} -> ((0,), (x: 2 of 8, a line)),
+    one ``GroupSegment`` per spanned axis. E.g. on 3d:8x8x8, ranks {0, 1} -> ((0,), (x: 2 of 8, a line)),
     the even chips of x times y and z -> ((0, 1, 2), (x: 4, stride 2, a ring; y; z))."""
     return _group_shape(slice_, _check_group(slice_, group))
 
 
 @lru_cache(maxsize=256)
-def _group_shape(slice_: Slice, ranks: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[Segment, ...]] | None:
+def _group_shape(slice_: Slice, ranks: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[GroupSegment, ...]] | None:
     nodes = [node_of(slice_, r) for r in ranks]
     ndims = slice_.ndims
     columns = [{c[1][a] for c in nodes} for a in range(ndims)] + [{c[0] for c in nodes}]
@@ -260,23 +260,23 @@ def _group_shape(slice_: Slice, ranks: tuple[int, ...]) -> tuple[tuple[int, ...]
     return spanned, tuple(segs)
 
 
-def _segment(axis: int, pos: list[int], n: int, wrap: bool) -> Segment | None:
+def _segment(axis: int, pos: list[int], n: int, wrap: bool) -> GroupSegment | None:
     """The segment through sorted coordinates ``pos`` of one axis, or None (module docstring)."""
     m = len(pos)
     if m == n:
-        return Segment(axis, n, 1, 0, wrap)
+        return GroupSegment(axis, n, 1, 0, wrap)
     gaps = [b - a for a, b in zip(pos, pos[1:])]
     if not wrap:
-        return Segment(axis, m, gaps[0], pos[0], False) if len(set(gaps)) == 1 else None
+        return GroupSegment(axis, m, gaps[0], pos[0], False) if len(set(gaps)) == 1 else None
     gaps.append(pos[0] + n - pos[-1])          # cyclic gaps; gaps[i] is pos[i] -> pos[i+1]
     if len(set(gaps)) == 1:
-        return Segment(axis, m, gaps[0], pos[0], True)   # m * stride == n: a ring
+        return GroupSegment(axis, m, gaps[0], pos[0], True)   # m * stride == n: a ring
     big = max(gaps)
     stride = min(gaps)
     if gaps.count(big) != 1 or gaps.count(stride) != m - 1 or 2 * (m - 1) * stride >= n:
         return None
     start = pos[(gaps.index(big) + 1) % m]     # the chip after the one long gap
-    return Segment(axis, m, stride, start, False)
+    return GroupSegment(axis, m, stride, start, False)
 
 
 def interleaved_offsets(req: Request, axis: int) -> tuple[int, ...]:
@@ -504,7 +504,7 @@ def axis_line(slice_: Slice, axis: int, through: Node, copies: int = 1) -> Line:
     return Line(nodes, cyclic, tuple(fwd), tuple(bwd), regular, copies, slice_)
 
 
-def segment_line(slice_: Slice, seg: Segment, through: Node, copies: int = 1) -> Line:
+def segment_line(slice_: Slice, seg: GroupSegment, through: Node, copies: int = 1) -> Line:
     """The line (or ring, if ``seg.cyclic``) of a segment through node ``through``; each edge is
     ``seg.stride`` hops along the axis, in the direction asked (not the shortest route: a ring of
     two chips half the axis apart has distinct edges both ways)."""
@@ -601,10 +601,10 @@ def ring_line(slice_: Slice, nodes: Sequence[Node], copies: int = 1) -> Line:
 
 
 def snake(slice_: Slice, axes: Sequence[int], through: Node,
-          segments: Sequence[Segment] = ()) -> list[Node]:
+          segments: Sequence[GroupSegment] = ()) -> list[Node]:
     """Nodes of the product of lines through ``through`` in boustrophedon order (first axis fastest),
     so consecutive nodes are neighbours: a ring over several axes with one-hop edges but the last.
-    An axis with a ``Segment`` contributes its chips (edges of ``stride`` hops) instead of all."""
+    An axis with a ``GroupSegment`` contributes its chips (edges of ``stride`` hops) instead of all."""
     order: list[Node] = [through]
     s0 = through[0]
     segs = {g.axis: g for g in segments}

@@ -1,6 +1,6 @@
 """Communication patterns on one ``Line`` (an axis ring or line, a DCN ring, a logical ring).
 
-Each function returns the concurrent ``Stream``s of one phase. ``variant`` is "uni" (one ring
+Each function returns the concurrent ``TransferStream``s of one phase. ``variant`` is "uni" (one ring
 direction) or "bidi" (both directions at once). What moves (bytes per step) is derived in
 closed_form.py next to the matching formula; the two are kept in step by the tests.
 
@@ -14,7 +14,7 @@ On a line (no wraparound):
 from __future__ import annotations
 
 from tpusim.network.collectives.groups import Line, Path
-from tpusim.network.collectives.plan import Step, Stream, Transfer
+from tpusim.network.collectives.plan import Step, Transfer, TransferStream
 
 
 def _step(transfers, repeat: int = 1) -> Step:
@@ -35,7 +35,7 @@ def _folded_edges(line: Line) -> list[Path]:
     return [line.path(order[i], order[(i + 1) % line.n]) for i in range(line.n)]
 
 
-def ag_rs(line: Line, data: float, variant: str, reduce: bool) -> list[Stream]:
+def ag_rs(line: Line, data: float, variant: str, reduce: bool) -> list[TransferStream]:
     """All-gather (output ``data`` per rank) or reduce-scatter (input ``data`` per rank)."""
     n = line.n
     if n < 2:
@@ -53,12 +53,12 @@ def ag_rs(line: Line, data: float, variant: str, reduce: bool) -> list[Stream]:
                 steps.append(_uniform(paths, shard, full))
             if n % 2 == 0:
                 steps.append(_uniform(paths, shard / 2, 1))
-            out.append(Stream(tuple(steps), c))
+            out.append(TransferStream(tuple(steps), c))
         return out
     if line.cyclic:  # one direction, n-1 steps of one shard on every edge
-        return [Stream((_uniform(list(line.fwd), shard, n - 1),), c)]
+        return [TransferStream((_uniform(list(line.fwd), shard, n - 1),), c)]
     if variant == "uni":
-        return [Stream((_uniform(_folded_edges(line), shard, n - 1),), c)]
+        return [TransferStream((_uniform(_folded_edges(line), shard, n - 1),), c)]
     # bidi on a line: pipelines up and down. AG: at step t the link i -> i+1 forwards the shard of
     # rank i-t+1, so it is busy for steps 1..i+1; RS is its time-reverse (busy for steps i+1..n-1).
     ups, downs = [], []
@@ -71,10 +71,10 @@ def ag_rs(line: Line, data: float, variant: str, reduce: bool) -> list[Stream]:
             down_links = range(n - t, 0, -1)
         ups.append(_uniform([line.fwd[i] for i in up_links], shard, 1))
         downs.append(_uniform([line.bwd[i] for i in down_links], shard, 1))
-    return [Stream(tuple(ups), c), Stream(tuple(downs), c)]
+    return [TransferStream(tuple(ups), c), TransferStream(tuple(downs), c)]
 
 
-def all_to_all(line: Line, buffer: float, variant: str) -> list[Stream]:
+def all_to_all(line: Line, buffer: float, variant: str) -> list[TransferStream]:
     """All-to-all by forwarding: at each step every rank passes on, in one message, the pieces
     (``buffer / n`` each) still headed further along the ring or line."""
     n = line.n
@@ -90,20 +90,20 @@ def all_to_all(line: Line, buffer: float, variant: str) -> list[Stream]:
         out = []
         for paths in (list(line.fwd), list(line.bwd)):
             steps = [_uniform(paths, piece * sum(weights[t:]), 1) for t in range(far)]
-            out.append(Stream(tuple(steps), c))
+            out.append(TransferStream(tuple(steps), c))
         return out
     if line.cyclic or variant == "uni":
         paths = list(line.fwd) if line.cyclic else _folded_edges(line)
-        return [Stream(tuple(_uniform(paths, piece * (n - t), 1) for t in range(1, n)), c)]
+        return [TransferStream(tuple(_uniform(paths, piece * (n - t), 1) for t in range(1, n)), c)]
     # bidi line: at step t link i -> i+1 carries the bundle of rank i-t+1 for ranks above i.
     ups, downs = [], []
     for t in range(1, n):
         ups.append(_step([Transfer(line.fwd[i], piece * (n - 1 - i)) for i in range(t - 1, n - 1)]))
         downs.append(_step([Transfer(line.bwd[i], piece * i) for i in range(n - t, 0, -1)]))
-    return [Stream(tuple(ups), c), Stream(tuple(downs), c)]
+    return [TransferStream(tuple(ups), c), TransferStream(tuple(downs), c)]
 
 
-def chains(line: Line, root: int, data: float, variant: str, reduce: bool) -> list[Stream]:
+def chains(line: Line, root: int, data: float, variant: str, reduce: bool) -> list[TransferStream]:
     """Broadcast from (reduce to) position ``root``: pipelined chains through every rank.
 
     Ring, uni: one chain all the way round (n-1 hops) with all the data. Ring, bidi: two chains
@@ -125,33 +125,33 @@ def chains(line: Line, root: int, data: float, variant: str, reduce: bool) -> li
                 transfers.append(Transfer(line.walk((root + d) % n, n - 1, d), part))
             else:
                 transfers.append(Transfer(line.walk(root, n - 1, d), part))
-        return [Stream((_step(transfers),), c)]
+        return [TransferStream((_step(transfers),), c)]
     up, down = n - 1 - root, root
     if reduce:
         transfers = [Transfer(line.walk(n - 1, up, -1), data), Transfer(line.walk(0, down, 1), data)]
     else:
         transfers = [Transfer(line.walk(root, up, 1), data), Transfer(line.walk(root, down, -1), data)]
-    return [Stream((_step(transfers),), c)]
+    return [TransferStream((_step(transfers),), c)]
 
 
-def shift(line: Line, data: float) -> list[Stream]:
+def shift(line: Line, data: float) -> list[TransferStream]:
     """Permute: every rank sends ``data`` to the next rank (the last one to the first)."""
     n = line.n
     if n < 2:
         return []
     paths = [line.fwd[i] if (line.cyclic or i + 1 < n) else line.path(n - 1, 0) for i in range(n)]
-    return [Stream((_uniform(paths, data, 1),), line.copies)]
+    return [TransferStream((_uniform(paths, data, 1),), line.copies)]
 
 
 FLOW_CHUNKS = 16   # one-shot flows share links chunk by chunk; 1/16 of a flow keeps that within ~1%
 
 
 def direct(flows: list[tuple[Path, float]], copies: int, min_chunk: float,
-           pieces: int = FLOW_CHUNKS) -> list[Stream]:
+           pieces: int = FLOW_CHUNKS) -> list[TransferStream]:
     """One-shot: every flow at once, in chunks of 1/``pieces`` of the largest flow (many flows
     cross the same channels; coarse chunks would leave links idle between them), but none
     smaller than ``min_chunk`` (callers pass an eighth of a hop's bandwidth-delay product:
     finer than that the hop latency dominates anyway)."""
     biggest = max((b for _, b in flows), default=0.0)
-    return [Stream((_step([Transfer(p, b) for p, b in flows]),), copies,
+    return [TransferStream((_step([Transfer(p, b) for p, b in flows]),), copies,
                    chunk_hint=max(biggest / pieces, min_chunk) if biggest else None)]

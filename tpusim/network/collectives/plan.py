@@ -1,13 +1,13 @@
 """A collective as data: phases of concurrent streams of bulk-synchronous steps of transfers.
 
-Every algorithm builds a ``Plan``; ``run_plan`` plays it on a ``Network`` (the DES) and
+Every algorithm builds a ``CollectivePlan``; ``run_plan`` plays it on a ``Network`` (the DES) and
 ``estimate`` prices it without contention inside one step (the generic alpha-beta used where no
 hand-written closed form exists: irregular groups, rings snaking over several axes, twisted tori).
 
 - ``Transfer``: bytes along an explicit channel path (one or more hops, or a DCN egress/ingress).
 - ``Step``: transfers that run at once; the step ends when the last one has arrived. ``repeat``
   says the same step runs that many times back to back (ring steps are all alike).
-- ``Stream``: steps in order (one direction of one ring, one chain). ``copies`` is how many
+- ``TransferStream``: steps in order (one direction of one ring, one chain). ``copies`` is how many
   identical translates of it the plan stands for (symmetry): they are not simulated, but count in
   the bytes put on links. ``own`` is False for a stream of *another* group played beside this
   one because it shares channels with it (the interleaved translates of a strided group in an
@@ -48,7 +48,7 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Stream:
+class TransferStream:
     steps: tuple[Step, ...]
     copies: int = 1
     chunk_hint: float | None = None    # finer chunks this stream wants (one-shot flows interleave)
@@ -57,11 +57,11 @@ class Stream:
 
 @dataclass(frozen=True)
 class Phase:
-    streams: tuple[Stream, ...]
+    streams: tuple[TransferStream, ...]
 
 
 @dataclass(frozen=True)
-class Plan:
+class CollectivePlan:
     phases: tuple[Phase, ...]
     note: str = ""                          # what was simulated (symmetry), for the result
     overhead_s: float = 0.0                 # fixed start-up cost of the collective
@@ -89,7 +89,7 @@ class Plan:
         return sum(len(st.transfers) * st.repeat for p in self.phases for s in p.streams for st in s.steps)
 
 
-def merge_translates(plan: Plan, slice_: Slice) -> Plan:
+def merge_translates(plan: CollectivePlan, slice_: Slice) -> CollectivePlan:
     """``plan`` with its translates folded (module docstring). Per phase, streams that share a
     channel are joined into one component; a component whose shape (its streams' steps over
     channels relative to its first channel) repeats one seen before is folded into it: its own
@@ -125,7 +125,7 @@ def merge_translates(plan: Plan, slice_: Slice) -> Plan:
                     streams[i] = replace(a, copies=a.copies + b.copies) if a.own else b
                 keep[j] = False
         phases.append(Phase(tuple(st for st, k in zip(streams, keep, strict=True) if k)))
-    return Plan(tuple(phases), plan.note, plan.overhead_s)
+    return CollectivePlan(tuple(phases), plan.note, plan.overhead_s)
 
 
 def _root(parent: list[int], i: int) -> int:
@@ -135,11 +135,11 @@ def _root(parent: list[int], i: int) -> int:
     return i
 
 
-def _channels(stream: Stream):
+def _channels(stream: TransferStream):
     return (k for st in stream.steps for t in st.transfers for k in t.path)
 
 
-def _shape(stream: Stream, first: ChannelKey, slice_: Slice) -> tuple:
+def _shape(stream: TransferStream, first: ChannelKey, slice_: Slice) -> tuple:
     """The stream relative to channel ``first``: coordinates as offsets (mod the axis length on a
     wrapped axis), so two translates of one line have the same shape."""
     s0, c0 = first[0], first[1]
@@ -163,12 +163,12 @@ class Tuning:
     scale: float = 1.0     # every chunk (hinted ones too) is multiplied by this to bound events
     notes: list[str] = field(default_factory=list)
 
-    def chunk_for(self, stream: Stream) -> float:
+    def chunk_for(self, stream: TransferStream) -> float:
         base = min(self.chunk_bytes, stream.chunk_hint) if stream.chunk_hint else self.chunk_bytes
         return base * self.scale
 
 
-def tune(plan: Plan, chunk_bytes: float) -> Tuning:
+def tune(plan: CollectivePlan, chunk_bytes: float) -> Tuning:
     """Batch repeated steps and raise chunk sizes when the plan would play too many events.
 
     Both are exact on an idle network: with cut-through the time of a transfer does not depend
@@ -202,7 +202,7 @@ class PlanRun:
 
     __slots__ = ("net", "plan", "tuning", "on_done", "flows", "_phase", "_left")
 
-    def __init__(self, net: Network, plan: Plan, tuning: Tuning, on_done: Callable[[], None]):
+    def __init__(self, net: Network, plan: CollectivePlan, tuning: Tuning, on_done: Callable[[], None]):
         self.net, self.plan, self.tuning, self.on_done = net, plan, tuning, on_done
         self.flows = 0          # flows this run started
         self._phase = 0
@@ -239,7 +239,7 @@ class _StreamRun:
 
     __slots__ = ("run", "stream", "chunk", "step", "left", "pending")
 
-    def __init__(self, run: PlanRun, stream: Stream):
+    def __init__(self, run: PlanRun, stream: TransferStream):
         self.run, self.stream = run, stream
         self.chunk = run.tuning.chunk_for(stream)
         self.step = -1
@@ -273,7 +273,7 @@ class _StreamRun:
             self.next()
 
 
-def run_plan(net: Network, plan: Plan, tuning: Tuning):
+def run_plan(net: Network, plan: CollectivePlan, tuning: Tuning):
     """simpy process body: the collective on ``net``; returns nothing (time is the clock)."""
     done = net.env.event()
     PlanRun(net, plan, tuning, done.succeed).start()
@@ -281,7 +281,7 @@ def run_plan(net: Network, plan: Plan, tuning: Tuning):
 
 
 @dataclass(frozen=True)
-class Cost:
+class CollectiveCost:
     """A closed-form time split into its latency and its byte-moving parts (seconds)."""
 
     latency_s: float = 0.0
@@ -292,19 +292,19 @@ class Cost:
     def total_s(self) -> float:
         return self.latency_s + self.transfer_s + self.overhead_s
 
-    def __add__(self, other: Cost) -> Cost:
-        return Cost(self.latency_s + other.latency_s, self.transfer_s + other.transfer_s,
+    def __add__(self, other: CollectiveCost) -> CollectiveCost:
+        return CollectiveCost(self.latency_s + other.latency_s, self.transfer_s + other.transfer_s,
                      self.overhead_s + other.overhead_s)
 
-    def scaled(self, k: float) -> Cost:
-        return Cost(self.latency_s * k, self.transfer_s * k, self.overhead_s * k)
+    def scaled(self, k: float) -> CollectiveCost:
+        return CollectiveCost(self.latency_s * k, self.transfer_s * k, self.overhead_s * k)
 
 
-def slowest(costs: Sequence[Cost]) -> Cost:
-    return max(costs, key=lambda c: c.total_s, default=Cost())
+def slowest(costs: Sequence[CollectiveCost]) -> CollectiveCost:
+    return max(costs, key=lambda c: c.total_s, default=CollectiveCost())
 
 
-def estimate(plan: Plan, bandwidth_of, latency_of) -> Cost:
+def estimate(plan: CollectivePlan, bandwidth_of, latency_of) -> CollectiveCost:
     """Generic alpha-beta price of a plan without a hand-written formula.
 
     Per step: the slowest transfer's path latency plus its bytes times the most transfers that
@@ -312,7 +312,7 @@ def estimate(plan: Plan, bandwidth_of, latency_of) -> Cost:
     streams, assumed in lockstep), over the path's bandwidth. Steps add, streams of a phase
     overlap (the slowest counts), phases add. Exact when no two transfers share a channel.
     """
-    total = Cost(overhead_s=plan.overhead_s)
+    total = CollectiveCost(overhead_s=plan.overhead_s)
     for phase in plan.phases:
         ranges = []
         for s in phase.streams:
@@ -327,7 +327,7 @@ def estimate(plan: Plan, bandwidth_of, latency_of) -> Cost:
             ranges.append(r)
         costs = []
         for si, r in enumerate(ranges):
-            cost = Cost()
+            cost = CollectiveCost()
             for lo, hi, st, use in r:
                 shared = dict(use)
                 for sj, r2 in enumerate(ranges):
@@ -347,7 +347,7 @@ def estimate(plan: Plan, bandwidth_of, latency_of) -> Cost:
     return total
 
 
-def _step_cost(st: Step, share: dict[ChannelKey, int], bandwidth_of, latency_of) -> Cost:
+def _step_cost(st: Step, share: dict[ChannelKey, int], bandwidth_of, latency_of) -> CollectiveCost:
     best = (0.0, 0.0, 0.0)  # (total, latency, transfer) of the slowest transfer
     for t in st.transfers:
         path = t.path
@@ -363,4 +363,4 @@ def _step_cost(st: Step, share: dict[ChannelKey, int], bandwidth_of, latency_of)
         x = t.nbytes * n / bw
         if lat + x > best[0]:
             best = (lat + x, lat, x)
-    return Cost(best[1], best[2])
+    return CollectiveCost(best[1], best[2])

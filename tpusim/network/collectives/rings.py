@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tpusim.network.collectives.common import axis_params, line_cost, line_phases
 from tpusim.network.collectives.groups import Request, group_snake, line_of, lines_per_axis, ring_line
-from tpusim.network.collectives.plan import Cost, Plan
+from tpusim.network.collectives.plan import CollectiveCost, CollectivePlan
 
 
 def supports(req: Request) -> str | None:
@@ -35,30 +35,30 @@ def _line(req: Request):
             f"one ring snaking over axes {','.join(req.axis_labels)}")
 
 
-def _plan(req: Request, variant: str) -> Plan:
+def _plan(req: Request, variant: str) -> CollectivePlan:
     line, note = _line(req)
     root = 0 if req.ranks is not None or len(req.axes) > 1 else req.position(req.axes[0])
-    return Plan(tuple(line_phases(req.kind, line, req.nbytes, variant, root)), note)
+    return CollectivePlan(tuple(line_phases(req.kind, line, req.nbytes, variant, root)), note)
 
 
-def _cost(req: Request, variant: str) -> Cost | None:
+def _cost(req: Request, variant: str) -> CollectiveCost | None:
     if req.ranks is not None or len(req.axes) != 1 or req.slice.twisted or req.slice.faults:
         return None  # priced from the plan (plan.estimate)
     a = req.axes[0]
     return line_cost(req.kind, axis_params(req, a), req.nbytes, variant, req.position(a))
 
 
-def ring_plan(req: Request) -> Plan:
+def ring_plan(req: Request) -> CollectivePlan:
     return _plan(req, "uni")
 
 
-def ring_cost(req: Request) -> Cost | None:
+def ring_cost(req: Request) -> CollectiveCost | None:
     return _cost(req, "uni")
 
 
-def bidi_plan(req: Request) -> Plan:
+def bidi_plan(req: Request) -> CollectivePlan:
     return _plan(req, "bidi")
 
 
-def bidi_cost(req: Request) -> Cost | None:
+def bidi_cost(req: Request) -> CollectiveCost | None:
     return _cost(req, "bidi")

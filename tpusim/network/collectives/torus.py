@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from tpusim.network.collectives.common import axis_params, line_cost, line_phases
 from tpusim.network.collectives.groups import Request, lines_for
-from tpusim.network.collectives.plan import Cost, Phase, Plan, slowest
+from tpusim.network.collectives.plan import CollectiveCost, CollectivePlan, Phase, slowest
 
 VARIANT = "bidi"
 
@@ -100,7 +100,7 @@ def schedule(req: Request, concurrent: bool) -> list[list[Stage]]:
     return [list(p) for p in zip(*parts, strict=True)]
 
 
-def _plan(req: Request, concurrent: bool) -> Plan:
+def _plan(req: Request, concurrent: bool) -> CollectivePlan:
     phases = []
     for stages in schedule(req, concurrent):
         streams = []
@@ -112,30 +112,30 @@ def _plan(req: Request, concurrent: bool) -> Plan:
     labels = ",".join(req.axis_labels)
     note = (f"every line of each axis ({labels})" if req.slice.faults else
             f"1 representative line per axis ({labels}) through the group's first rank")
-    return Plan(tuple(phases), note)
+    return CollectivePlan(tuple(phases), note)
 
 
-def _cost(req: Request, concurrent: bool) -> Cost | None:
+def _cost(req: Request, concurrent: bool) -> CollectiveCost | None:
     if req.slice.twisted or req.slice.faults:
         return None
-    total = Cost()
+    total = CollectiveCost()
     for stages in schedule(req, concurrent):
         total = total + slowest([line_cost(st.kind, axis_params(req, st.axis), st.data, VARIANT,
                                            req.position(st.axis)) for st in stages])
     return total
 
 
-def hierarchical_plan(req: Request) -> Plan:
+def hierarchical_plan(req: Request) -> CollectivePlan:
     return _plan(req, False)
 
 
-def hierarchical_cost(req: Request) -> Cost | None:
+def hierarchical_cost(req: Request) -> CollectiveCost | None:
     return _cost(req, False)
 
 
-def multi_axis_plan(req: Request) -> Plan:
+def multi_axis_plan(req: Request) -> CollectivePlan:
     return _plan(req, True)
 
 
-def multi_axis_cost(req: Request) -> Cost | None:
+def multi_axis_cost(req: Request) -> CollectiveCost | None:
     return _cost(req, True)

@@ -253,7 +253,7 @@ def test_non_fusible_ops_run_alone_and_cut_the_window():
 
 
 def test_a_fusion_rule_is_one_table_entry(monkeypatch):
-    monkeypatch.setitem(ops.FAMILY_BY_OP, "add", ops.Family.OPAQUE)   # read when the records are made
+    monkeypatch.setitem(ops.OPS, "add", ops.Op(ops.Family.OPAQUE))   # read when the records are made
     assert [k.op for k in kernels(fuse(chain(), toy_chip()).records)] == ["aten::mul", "aten::add", "aten::relu"]
 
 

@@ -1,29 +1,36 @@
-"""The cost rules and the op-family table agree: every op with a shape formula has the family that formula
-prices, and every family member that needs a formula has one (adding an op = one row in tpusim/trace/ops.py plus,
-for contractions, attention and gathers, its formula in tpusim/backend/costs.py)."""
+"""The backend prices ops by the one op table (tpusim/trace/ops.py ``OPS``): a torch op's cost is the shared
+rule's over its tensors' metadata, with the family of its row and the family's unit."""
+
+import torch
 
 from tpusim.backend import costs
-from tpusim.trace.ops import FAMILY_BY_OP, Family, family_of
-
-SHAPED_FAMILIES = {Family.CONTRACTION, Family.ATTENTION, Family.QUANTIZED_CONTRACTION, Family.GATHER_SCATTER}
-
-
-def test_every_shape_formula_prices_an_op_of_a_shaped_family():
-    mxu = (Family.CONTRACTION, Family.ATTENTION, Family.QUANTIZED_CONTRACTION)
-    assert {name for name in costs._MXU if family_of(name) not in mxu} == set()
-    assert {name for name in costs._SPARSE if family_of(name) != Family.GATHER_SCATTER} == set()
-
-
-def test_every_op_of_a_shaped_family_has_a_formula():
-    assert {name for name, family in FAMILY_BY_OP.items() if family in SHAPED_FAMILIES} - set(costs._SHAPED) == set()
+from tpusim.trace import ops
+from tpusim.trace.cost_rules import Meta
+from tpusim.trace.ops import Family
 
 
 def test_a_cost_carries_its_family_and_the_family_s_unit():
-    import torch
-
     a = torch.ones(4, 8)
     b = torch.ones(8, 2)
     cost = costs.op_cost("aten::mm", [a, b], [a @ b], (a, b))
     assert (cost.family, cost.unit, cost.flops) == (Family.CONTRACTION, "mxu", 2 * 4 * 8 * 2)
     cost = costs.op_cost("aten::copy_", [a], [a], (a, a))
     assert (cost.family, cost.unit, cost.flops) == (Family.DATA_MOVEMENT, "dma", 0.0)
+
+
+def test_a_torch_tensor_becomes_the_metadata_the_rules_read():
+    t = torch.ones(3, 5, dtype=torch.bfloat16)
+    assert costs.meta(t) == Meta((3, 5), "bfloat16", 2) and costs.meta(t).nbytes == costs.nbytes(t) == 30
+
+
+def test_the_backend_cost_is_the_shared_rule_over_metadata():
+    x = torch.ones(2, 4, 16, 8, dtype=torch.bfloat16)
+    ids = torch.zeros(6, dtype=torch.int64)
+    table = torch.ones(50, 8)
+    for name, ins, outs, args in [
+        ("aten::_scaled_dot_product_flash_attention_for_cpu", [x, x, x], [x], (x, x, x, 0.0, True)),
+        ("aten::embedding", [table, ids], [torch.ones(6, 8)], (table, ids)),
+        ("aten::gelu", [x], [x], (x,)),
+    ]:
+        as_meta = [costs.meta(t) for t in ins], [costs.meta(t) for t in outs], tuple(map(costs._arg, args))
+        assert costs.op_cost(name, ins, outs, args) == ops.op_cost(name, *as_meta)

@@ -22,6 +22,7 @@ import tpusim.backend as tb
 from tpusim.backend import costs, recorder
 from tpusim.backend.state import STATE
 from tpusim.eager.windows import BACKWARD_REASON
+from tpusim.trace import ops
 from tpusim.trace.records import HostRecord, MemoryRecord, OpRecord, TensorMeta, Trace
 
 
@@ -142,7 +143,7 @@ def test_cached_costs_equal_the_rules(name: str) -> None:
         tensors = [torch.empty(ins), torch.empty(out)]
         outs = [torch.empty(out)]
         counted = costs.counted_cost(name, tuple(t.numel() for t in tensors), tuple(t.numel() for t in outs))
-        assert counted == costs._counted(name, tuple(t.numel() for t in tensors), tuple(t.numel() for t in outs))
+        assert counted == ops.counted(name, tuple(t.numel() for t in tensors), tuple(t.numel() for t in outs))
         assert costs.counted_cost(name, tuple(t.numel() for t in tensors), (outs[0].numel(),)) is counted
         if not costs.reads_arguments(name):
             assert costs.op_cost(name, tensors, outs, ()) == counted

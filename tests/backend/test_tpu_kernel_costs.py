@@ -1,4 +1,4 @@
-"""torch.tpu.ops kernels are priced by their own rules (tpusim/backend/costs.py ``_TPU_KERNELS``), against closed forms:
+"""torch.tpu.ops kernels are priced by their own rules (rows in tpusim/trace/ops.py ``OPS``), against closed forms:
 splash attention as flash attention with its masked blocks skipped, ragged_dot as 2 M K N, the SparseCore
 lookups as nnz rows moved."""
 

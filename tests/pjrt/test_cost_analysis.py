@@ -1,4 +1,4 @@
-"""XLA's own cost model (``compiled.cost_analysis()``) against tpusim's cost rules (tpusim/backend/costs.py),
+"""XLA's own cost model (``compiled.cost_analysis()``) against tpusim's cost rules (tpusim/trace/ops.py),
 per op family.
 
 Each case lowers one op through the lowering table, compiles it with XLA (on JAX's default

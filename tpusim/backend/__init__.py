@@ -17,8 +17,8 @@ Map: shim.py (compile/load csrc/), device.py (registration, ``configure``), conf
 ``DeviceConfig``; TPUSIM_* variables), state.py (process state, the held target), tpu_module.py
 (torch.tpu), fallback.py (the boxed fallback), schema.py (what an overload's schema says),
 kernels.py (hand-written kernels table), targets/ (what computes op values: sim, pjrt),
-policy.py (float64), debug.py (debug eager mode: NaN/Inf check and log per op), costs.py (cost
-rules), recorder.py (trace), native_hooks.py (the shim's item/copy events), source.py (user
+policy.py (float64), debug.py (debug eager mode: NaN/Inf check and log per op), costs.py (tensors
+as the shared cost rules' metadata), recorder.py (trace), native_hooks.py (the shim's item/copy events), source.py (user
 source lines), compiler.py (Dynamo/Inductor takeover), import_hooks.py (post-import hooks),
 compile.py + program.py + lowering/ (torch.compile), distributed/ (c10d), torchtpu/ (TorchTPU's
 torch.tpu names; torch.tpu.distributed, .compiler, .ops).

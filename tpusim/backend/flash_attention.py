@@ -6,8 +6,7 @@ then saves the s x t probabilities of every call for the backward: a GPT-3 block
 ``use_fused_attention`` rewrites the Dynamo graph's SDPA calls (no dropout, no grouped-query attention)
 into ``tpusim::attention``, whose backward is ``tpusim::attention_backward``: each is one op of the
 compiled program, lowered to JAX (tpusim/backend/lowering/nn.py) and priced by the flash-attention cost rule
-(tpusim/backend/program.py's ``COST_NAMES``: the arguments keep the positions of
-``_scaled_dot_product_fused_attention_overrideable``'s).
+(their rows in tpusim/trace/ops.py's ``OPS``).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Why: on the sim target a compiled graph runs through JAX on the host, so no op reaches the
 fallback and nothing would be recorded. ``program_of`` walks the Core ATen graph once (at
-compile time) and prices each op with the same cost rules as eager ops (tpusim/backend/costs.py, on
-the graph's fake tensors); ``recorder.record_program`` replays that list at every execution
+compile time) and prices each op with the same cost rules as eager ops (tpusim/trace/ops.py, on
+the graph's fake tensors' metadata); ``recorder.record_program`` replays that list at every execution
 with the real input and output tensors bound, so the simulator sees the same program the
 device ran and fuses it as a whole (tpusim/eager/fusion.py).
 
@@ -119,19 +119,6 @@ def program_of(gm: torch.fx.GraphModule, label: str) -> Program:
     return Program(label, tuple(b.values), tuple(ops), tuple(inputs), outputs)
 
 
-COST_NAMES = {   # flash_attention.py's ops -> the aten op whose cost rule prices them (costs.py)
-    "tpusim::attention": "_scaled_dot_product_fused_attention_overrideable",
-    "tpusim::attention_backward": "_scaled_dot_product_fused_attention_overrideable_backward",
-}
-
-
-def _cost_call(name: str, ins: list, outs: list, args: tuple) -> tuple[str, list, list, tuple]:
-    """tpusim's fused attention ops priced by the aten rule they stand for (tpusim/backend/flash_attention.py)."""
-    if name == "tpusim::attention_backward":   # (grad, q, k, v, mask, out, lse, causal, scale): causal at 13
-        return COST_NAMES[name], ins, outs, (*args[:4], *(None,) * 9, args[7])
-    return COST_NAMES.get(name, name), ins, outs, args
-
-
 def _op(b: _Builder, node: torch.fx.Node, fakes: list[torch.Tensor | None]) -> ProgramOp:
     name = node.target._schema.name
     arg_nodes = [a for a in node.all_input_nodes if b.value(a) is not None]
@@ -141,7 +128,7 @@ def _op(b: _Builder, node: torch.fx.Node, fakes: list[torch.Tensor | None]) -> P
     outs = [f for f in fakes if f is not None]
     args = _meta_args(node.args)
     try:
-        cost = costs.op_cost(*_cost_call(name, ins, outs, args if isinstance(args, tuple) else (args,)))
+        cost = costs.op_cost(name, ins, outs, args if isinstance(args, tuple) else (args,))
     except Exception:  # a cost rule must never break the user's program
         cost = costs.OpCost(Family.ELEMENTWISE)
     if cost.family == Family.DATA_MOVEMENT:     # inside XLA a copy/convert/concat is elementwise work, fused

@@ -8,7 +8,7 @@ Usage::
     trace = rec.trace                                         # a tpusim.trace.records.Trace
 
 What is recorded: one ``OpRecord`` per op the fallback runs (unit, FLOPs, transcendentals,
-bytes from tpusim/backend/costs.py; tensors with ids and storage ids, so views show as aliasing),
+bytes from the op table, tpusim/trace/ops.py; tensors with ids and storage ids, so views show as aliasing),
 device-to-device copies as DMA ops, ``HostRecord`` for host syncs (``.item()``, ``.cpu()``,
 printing, ``torch.tpu.synchronize()``) and host<->device copies, ``MemoryRecord`` for every
 device allocation and free, and ``StepMarker`` at each ``optimizer.step()`` or

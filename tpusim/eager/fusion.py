@@ -67,7 +67,7 @@ kernels go through HBM, as between XLA fusions. The program is launched once: on
 ``dispatch`` host record (reason ``PROGRAM_REASON``) of one op's dispatch time, and its
 kernels cost no host time of their own (``tpusim.eager.modes``).
 
-Adding a fusion rule = one row in ``tpusim.trace.ops.FAMILY_BY_OP`` (what an op is) or ``RULES`` (what a
+Adding a fusion rule = one row in ``tpusim.trace.ops.OPS`` (what an op is) or ``RULES`` (what a
 role may fuse with).
 """
 

@@ -65,7 +65,8 @@ from tpusim.hardware.spec import ChipSpec
 from tpusim.pricing import price
 from tpusim.pricing.timeline import Timeline
 from tpusim.slice.topology import build_slice
-from tpusim.trace.ops import Family
+from tpusim.trace.cost_rules import Work, flash_attention, gemm
+from tpusim.trace.ops import Family, unit_of
 from tpusim.trace.records import CollectiveRecord, OpRecord, Record, StepMarker, TensorMeta, Trace
 from tpusim.validate.case import Case, Prediction
 
@@ -187,12 +188,17 @@ class _Builder:
     def op(self, name: str, family: Family, inputs: tuple[TensorMeta, ...], outputs: tuple[TensorMeta, ...], *,
            flops: float, transcendentals: float = 0.0, matmul: tuple[int, int, int, int] | None = None,
            dtype: str = "bfloat16") -> None:
-        unit = "mxu" if family in (Family.CONTRACTION, Family.ATTENTION) else "vpu"
         self.records.append(OpRecord(
-            seq=len(self.records), op=name, unit=unit, dtype=dtype, inputs=inputs, outputs=outputs,
+            seq=len(self.records), op=name, unit=unit_of(family), dtype=dtype, inputs=inputs, outputs=outputs,
             flops=float(flops), transcendentals=float(transcendentals),
             bytes_read=float(sum(t.nbytes for t in inputs)), bytes_written=float(sum(t.nbytes for t in outputs)),
             matmul=matmul, program=self.program, family=str(family)))
+
+    def kernel(self, name: str, family: Family, inputs: tuple[TensorMeta, ...], outputs: tuple[TensorMeta, ...],
+               work: Work, dtype: str = "bfloat16") -> None:
+        """An op whose work a shared cost rule counted (tpusim/trace/cost_rules.py, as the backend counts it)."""
+        self.op(name, family, inputs, outputs, flops=work.flops, transcendentals=work.transcendentals,
+                matmul=work.matmul, dtype=dtype)
 
     def collective(self, kind: str, nbytes: float, group: tuple[int, ...], inputs: tuple[TensorMeta, ...],
                    outputs: tuple[TensorMeta, ...], source: str) -> None:
@@ -289,8 +295,7 @@ def step_trace(run: Run, chip: ChipSpec, steps: int = 2, train: bool = True) -> 
         mm_m, mm_k, mm_n = mkn
         out = b.tensor((mm_m, mm_n), out_item)
         int8 = model.quantized and any(p in name for p in PROJECTIONS)
-        b.op(name, Family.CONTRACTION, (x, w), (out,), flops=2.0 * mm_m * mm_k * mm_n, matmul=(1, mm_m, mm_k, mm_n),
-             dtype="int8" if int8 else "bfloat16")
+        b.kernel(name, Family.CONTRACTION, (x, w), (out,), gemm(1, mm_m, mm_k, mm_n), "int8" if int8 else "bfloat16")
         return out
 
     def rope(name: str, x: TensorMeta) -> TensorMeta:
@@ -312,33 +317,30 @@ def step_trace(run: Run, chip: ChipSpec, steps: int = 2, train: bool = True) -> 
         b.op(name, family, inputs, (out,), flops=flops_per * n, transcendentals=trans_per * n)
         return out
 
-    def attention(name: str, inputs: tuple[TensorMeta, ...], outputs: tuple[TensorMeta, ...], matmuls: int,
-                  flops_per_score: float) -> None:
+    def attention(name: str, inputs: tuple[TensorMeta, ...], outputs: tuple[TensorMeta, ...], backward: bool) -> None:
         """Flash attention over B sequences x H local heads computing ``attention_kept`` of the scores
-        (tpusim's backend rule for scaled_dot_product_attention, tpusim/backend/costs.py)."""
-        scores = B * H * S * S * model.attention_kept
-        b.op(name, Family.ATTENTION, inputs, outputs, flops=scores * (flops_per_score + 5.0), transcendentals=scores,
-             matmul=(max(1, round(matmuls * scores / (S * S))), S, model.head_dim, S))
+        (the rule tpusim's backend prices scaled_dot_product_attention with, tpusim/trace/cost_rules.py)."""
+        D = model.head_dim
+        b.kernel(name, Family.ATTENTION, inputs, outputs,
+                 flash_attention(B * H, S, S, D, D, backward=backward, kept=model.attention_kept))
 
     def attention_forward(tag: str, qkv_r: TensorMeta) -> dict[str, TensorMeta]:
         """Attention forward: one flash kernel, or (``flash=False``) scores, softmax and values through HBM."""
         o = b.tensor((m, Q))
         if model.flash:
             lse = b.tensor((B, H, S), F32, "float32")
-            attention(f"{tag}flash_attention", (qkv_r,), (o, lse), 2, 2.0 * (2 * model.head_dim))
+            attention(f"{tag}flash_attention", (qkv_r,), (o, lse), backward=False)
             return {"o": o, "lse": lse}
         D = model.head_dim
         scores = mm_batched(f"{tag}attention_scores", (qkv_r,), (B * H, S, D, S))
         p = elementwise(f"{tag}softmax", (scores,), (B * H, S, S), 5.0, 1.0, Family.REDUCTION)
-        b.op(f"{tag}attention_values", Family.CONTRACTION, (p, qkv_r), (o,), flops=2.0 * B * H * S * S * D,
-             matmul=(B * H, S, S, D))
+        b.kernel(f"{tag}attention_values", Family.CONTRACTION, (p, qkv_r), (o,), gemm(B * H, S, S, D))
         return {"o": o, "p": p}
 
     def attention_backward(r: dict[str, TensorMeta], d_o: TensorMeta) -> TensorMeta:
         if model.flash:
             d_qkv_r = b.tensor((m, qkv))
-            attention("bwd:flash_attention", (r["qkv_r"], r["o"], r["lse"], d_o), (d_qkv_r,), 5,
-                      2.0 * (5 * model.head_dim))
+            attention("bwd:flash_attention", (r["qkv_r"], r["o"], r["lse"], d_o), (d_qkv_r,), backward=True)
             return d_qkv_r
         D = model.head_dim
         d_p = mm_batched("bwd:attention_dp", (d_o, r["qkv_r"]), (B * H, S, D, S))
@@ -351,7 +353,7 @@ def step_trace(run: Run, chip: ChipSpec, steps: int = 2, train: bool = True) -> 
     def mm_batched(name: str, inputs: tuple[TensorMeta, ...], bmkn: tuple[int, int, int, int]) -> TensorMeta:
         batch, mm_m, mm_k, mm_n = bmkn
         out = b.tensor((batch, mm_m, mm_n))
-        b.op(name, Family.CONTRACTION, inputs, (out,), flops=2.0 * batch * mm_m * mm_k * mm_n, matmul=bmkn)
+        b.kernel(name, Family.CONTRACTION, inputs, (out,), gemm(batch, mm_m, mm_k, mm_n))
         return out
 
     def weights_gather(what: str) -> dict[str, TensorMeta]:

@@ -21,6 +21,8 @@ from tpusim.hardware.spec import ChipSpec
 from tpusim.network.collectives import algorithm_cost, simulate_collective
 from tpusim.network.collectives.groups import resolve
 from tpusim.slice.topology import build_slice
+from tpusim.trace.cost_rules import Meta
+from tpusim.trace.ops import op_cost
 from tpusim.trace.records import OpRecord
 from tpusim.validate.case import Case, Prediction
 
@@ -62,9 +64,11 @@ def _matmul(m: int, k: int, n: int):
     """A predictor: one bf16 matmul [m, k] x [k, n] on one chip (``tpusim.hardware.compute.kernel_cost``)."""
 
     def predict(chip: ChipSpec) -> Prediction:
-        op = OpRecord(seq=0, op="aten::mm", unit="mxu", dtype="bfloat16", flops=2.0 * m * k * n,
-                      bytes_read=2.0 * (m * k + k * n), bytes_written=2.0 * m * n, matmul=(1, m, k, n),
-                      family="contraction")
+        x, w, out = Meta((m, k), "bfloat16", 2), Meta((k, n), "bfloat16", 2), Meta((m, n), "bfloat16", 2)
+        mm = op_cost("aten::mm", [x, w], [out], (x, w))     # the backend's rule for the op
+        op = OpRecord(seq=0, op="aten::mm", unit=mm.unit, dtype="bfloat16", flops=mm.flops,
+                      bytes_read=float(x.nbytes + w.nbytes), bytes_written=float(out.nbytes), matmul=mm.matmul,
+                      family=str(mm.family))
         cost = kernel_cost(op, chip)
         parts = {"compute (mxu)" if cost.bound != "hbm" else "compute (hidden)": cost.compute_s,
                  "memory beyond compute": max(0.0, cost.memory_s - cost.compute_s), "launch": cost.launch_s}

@@ -13,7 +13,7 @@ so a program recorded while it runs here is priced with the windows that ran:
 
 - ``sync``: the host reads a value (``.item()``, ``.cpu()``, print: the shim's native hook);
 - ``h2d``: a host->device copy;
-- ``opaque``: an op whose fusion role is opaque (``fusion_role`` of its cost from tpusim/backend/costs.py:
+- ``opaque``: an op whose fusion role is opaque (``fusion_role`` of its cost from tpusim/trace/ops.py:
   SparseCore and DMA work such as gathers, fills, clones and device->device copies, sorts and the
   other ops of the opaque family in tpusim/trace/ops.py, ops without FLOPs). It runs alone, at once;
 - ``collective``: a collective of the tpusim c10d backend;
@@ -89,7 +89,7 @@ OWN_CUTS = ("alias", "host", "resize")   # the cuts only this target makes (tpus
 
 def fusible(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], args: tuple) -> bool:
     """Whether fusion lets an op join a window: the fusion role (``tpusim.trace.ops.fusion_role``) of the cost
-    the recorder records for it (tpusim/backend/costs.py). A non-fusible op runs alone (cut ``opaque``)."""
+    the recorder records for it (tpusim/trace/ops.py). A non-fusible op runs alone (cut ``opaque``)."""
     try:
         cost = costs.op_cost(name, inputs, outputs, args)
     except Exception:  # noqa: BLE001  (the recorder's fallback for a failing cost rule)

@@ -5,8 +5,8 @@
     emb = torch.tpu.ops.sparse_dense_matmul_csr(row_pointers, ids, gains, table)   # SparseCore lookup
 
 Each kernel is one custom op in the ``tpu`` namespace (``tpu::splash_attention``, ...), so the device
-records it as one ``OpRecord`` and the simulator prices it with the op's own cost rule (tpusim/trace/ops.py
-gives its family, tpusim/backend/costs.py its FLOPs and bytes), not as the dozens of ops a composite would be.
+records it as one ``OpRecord`` and the simulator prices it with the op's own cost rule (its row in
+tpusim/trace/ops.py: its family and its FLOPs and bytes), not as the dozens of ops a composite would be.
 Its CPU kernel computes the values, on the host memory of tpu tensors (the device's fallback runs it) or
 on CPU tensors, so ``torch.tpu.ops.X`` on tpu equals ``torch.tpu.ops.X`` on CPU bit for bit. Each has a
 shape function (shape-only mode, torch.compile tracing) and a backward (another ``tpu::`` op).

@@ -30,7 +30,8 @@ from tpusim.testing.budgets import (
 from tpusim.testing.junit import junit_xml
 
 GIB = 2**30
-MODE = {"total_s": 0.1, "kernels": 10, "host_s": {"dispatch": 0.0, "stall": 0.0}, "device_s": {}}   # unread here
+MODE = {"total_s": 0.1, "kernels": 10, "host_s": {"dispatch": 0.0, "stall": 0.0},   # unread here
+        "device_s": {"collective_exposed": 0.0}}
 REPORT_JSON = {
     "schema": "tpusim-report", "version": 3, "complete": True, "error": None, "exit_code": 0,
     "run": {"script": "train.py", "topology": "3d:4x4x4", "chip": "v5p", "argv": [], "numerics": "on",

@@ -43,7 +43,8 @@ def _problem(error: ValidationError, file: Path) -> TpusimError:
     """The first thing the schema found wrong, as one sentence naming the JSON path."""
     first = error.errors(include_url=False)[0]
     where = ".".join(str(part) for part in first["loc"])
-    if first["type"] == "missing":
+    if first["type"] in ("missing", "missing_key"):
+        where += f".{first['msg']}" if first["type"] == "missing_key" else ""
         return TpusimError(f"{file}: not a complete tpusim report: {where} is missing")
     if first["type"] == "extra_forbidden":
         return TpusimError(f"{file}: {where} is no field of a tpusim report (written by a newer tpusim?)")

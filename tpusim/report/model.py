@@ -1,6 +1,7 @@
 """report.json: the versioned contract of a tpusim run (schema below), built from Timelines.
 
-``build_report`` is where the typed parts of a run become the JSON dict, once: what ran
+``build_report`` is where the typed parts of a run become the report, once (a ``Report``, the typed
+model of report.json: tpusim/report/schema.py, which writes it and its JSON Schema): what ran
 (``RunInfo``), the trace, the slice, one Timeline per mode, the lint warnings
 (``tpusim.report.lint.LintWarning``), and the optional sections (``tpusim.placement.Distributed``,
 ``tpusim.placement.PlacementComparison``, ``tpusim.report.measured.Measured``).

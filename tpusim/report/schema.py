@@ -16,7 +16,7 @@ import json
 import math
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, PlainValidator, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 
@@ -32,9 +32,17 @@ def _finite(value: Any) -> int | float:
     return value
 
 
+def _with_exposed(split: dict[str, Any]) -> dict[str, Any]:
+    if "collective_exposed" not in split:
+        raise PydanticCustomError("missing_key", "collective_exposed")
+    return split
+
+
 Num = Annotated[int | float, PlainValidator(_number), WithJsonSchema({"type": "number"})]
 Finite = Annotated[int | float, PlainValidator(_finite), WithJsonSchema({"type": "number"})]
 Seconds = dict[str, Num]
+DeviceSeconds = Annotated[dict[str, Num], AfterValidator(_with_exposed), WithJsonSchema(
+    {"type": "object", "additionalProperties": {"type": "number"}, "required": ["collective_exposed"]})]
 
 
 class Part(BaseModel):
@@ -268,7 +276,7 @@ class ModeSection(Part):
     kernels: int
     mfu: Finite
     host_s: HostSeconds
-    device_s: Seconds
+    device_s: DeviceSeconds             # by term; collective_exposed always there
     hbm: Hbm
     steps_s: list[Num] = []
     first_step_s: Num | None = None

@@ -13,7 +13,7 @@ from tpusim.cli.main import main
 from tpusim.errors import TpusimError
 from tpusim.output import write_atomic
 from tpusim.pricing import price
-from tpusim.report import RunInfo, build_report, load_report
+from tpusim.report import RunInfo, build_report, load_report, report_json
 from tpusim.report.model import SCHEMA_VERSION
 from tpusim.slice.topology import build_slice
 from tpusim.trace.records import read_trace, write_trace
@@ -135,7 +135,7 @@ def write_run(folder: Path, script: str = "model.py") -> Path:
     trace, slice_ = training_trace(), build_slice("3d:1x1x1")
     timelines = {"strict": price(trace, topology=slice_, mode="strict")}
     folder.mkdir(parents=True)
-    write_atomic(folder / "report.json", json.dumps(build_report(RunInfo(script), trace, slice_, timelines)))
+    write_atomic(folder / "report.json", report_json(build_report(RunInfo(script), trace, slice_, timelines)))
     write_trace(trace, folder / "program.jsonl")
     return folder
 
@@ -176,7 +176,7 @@ def test_a_version_1_report_is_still_read(tmp_path):
         del report[key]
     report["version"] = 1
     (folder / "report.json").write_text(json.dumps(report))
-    assert load_report(folder)[0]["version"] == 1
+    assert load_report(folder)[0].version == 1
 
 
 def test_compare_of_different_scripts_says_so(capsys, tmp_path):

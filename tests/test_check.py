@@ -16,6 +16,7 @@ from factories import TRAINING_SCRIPT
 
 from tpusim.errors import TpusimError
 from tpusim.report.lint import RULES
+from tpusim.report.schema import Report
 from tpusim.testing.budgets import (
     Budgets,
     HbmLimit,
@@ -29,16 +30,23 @@ from tpusim.testing.budgets import (
 from tpusim.testing.junit import junit_xml
 
 GIB = 2**30
-REPORT = {
-    "complete": True, "error": None, "exit_code": 0,
-    "run": {"script": "train.py", "topology": "3d:4x4x4", "chip": "v5p"},
-    "chip": {"hbm_bytes": 95 * GIB},
-    "modes": {"strict": {"step_time_median_s": 0.020, "mfu": 0.4,
+MODE = {"total_s": 0.1, "kernels": 10, "host_s": {"dispatch": 0.0, "stall": 0.0},   # unread here
+        "device_s": {"collective_exposed": 0.0}}
+REPORT_JSON = {
+    "schema": "tpusim-report", "version": 3, "complete": True, "error": None, "exit_code": 0,
+    "run": {"script": "train.py", "topology": "3d:4x4x4", "chip": "v5p", "argv": [], "numerics": "on",
+            "torch_version": "", "modes": ["strict", "fused"]},
+    "chip": {"hbm_bytes": 95 * GIB, "name": "v5p", "display_name": "TPU v5p", "peak_bf16_flops_per_s": 4.59e14,
+             "hbm_bytes_per_s": 2.765e12},
+    "slice": {"chips": 64, "dims": [4, 4, 4]},
+    "program": {"ops": 10, "collectives": 0, "syncs": 0, "steps": 3, "model_flops": 0.0},
+    "modes": {"strict": {**MODE, "step_time_median_s": 0.020, "mfu": 0.4,
                          "hbm": {"peak_bytes": 60 * GIB, "capacity_bytes": 95 * GIB, "peak_fraction": 60 / 95}},
-              "fused": {"step_time_median_s": 0.012, "mfu": 0.6,
+              "fused": {**MODE, "step_time_median_s": 0.012, "mfu": 0.6,
                         "hbm": {"peak_bytes": 50 * GIB, "capacity_bytes": 95 * GIB, "peak_fraction": 50 / 95}}},
     "warnings": [{"code": "host-sync", "message": "host sync `item` inside the step loop", "source": "train.py:9"}],
 }
+REPORT = Report.model_validate(REPORT_JSON)
 
 
 def test_budget_parsers_accept_what_the_readme_says_and_name_what_is_wrong() -> None:
@@ -80,9 +88,9 @@ def test_lint_codes_fail_only_when_found() -> None:
 
 def test_a_script_that_did_not_finish_is_its_own_failure() -> None:
     assert script_check(REPORT).passed
-    failed = copy.deepcopy(REPORT)
+    failed = copy.deepcopy(REPORT_JSON)
     failed.update(complete=False, exit_code=1, error={"type": "ValueError", "traceback": "Traceback...\nValueError: x"})
-    check = script_check(failed)
+    check = script_check(Report.model_validate(failed))
     assert not check.passed and check.message == "train.py: the script raised ValueError (ValueError: x)"
 
 

@@ -139,9 +139,9 @@ def price_and_report(tmp_path, modes, interrupt_at_mode: int | None, interrupts_
 
 def test_ctrl_c_during_pricing_reports_what_was_priced(tmp_path, capsys):
     stopped, report = price_and_report(tmp_path, ["debug", "strict", "fused"], interrupt_at_mode=1)
-    assert stopped and list(report["modes"]) == ["debug"]
-    assert report["complete"] is False and report["exit_code"] == 0
-    assert report["interrupted"] == {"script": False, "pricing": True, "not_priced": ["strict", "fused"]}
+    assert stopped and list(report.modes) == ["debug"]
+    assert report.complete is False and report.exit_code == 0
+    assert report.to_dict()["interrupted"] == {"script": False, "pricing": True, "not_priced": ["strict", "fused"]}
     out = capsys.readouterr().out
     assert "INCOMPLETE: Ctrl-C stopped pricing (strict, fused not priced)" in out
     assert (tmp_path / "report.html").is_file() and (tmp_path / "program.jsonl").is_file()
@@ -150,7 +150,7 @@ def test_ctrl_c_during_pricing_reports_what_was_priced(tmp_path, capsys):
 def test_more_ctrl_c_while_the_report_is_written_change_nothing(tmp_path, capsys):
     stopped, report = price_and_report(tmp_path, ["debug", "strict"], interrupt_at_mode=1,
                                        interrupts_while_writing=5)
-    assert stopped and list(report["modes"]) == ["debug"]
+    assert stopped and list(report.modes) == ["debug"]
     err = capsys.readouterr().err
     assert err.count("Ctrl-C again changes nothing") == 1 and "Traceback" not in err
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler      # Python's handler is back
@@ -158,7 +158,7 @@ def test_more_ctrl_c_while_the_report_is_written_change_nothing(tmp_path, capsys
 
 def test_ctrl_c_before_any_mode_is_priced_still_writes_a_report(tmp_path, capsys):
     stopped, report = price_and_report(tmp_path, ["strict"], interrupt_at_mode=0)
-    assert stopped and report["modes"] == {} and report["interrupted"]["not_priced"] == ["strict"]
+    assert stopped and report.modes == {} and report.interrupted.not_priced == ["strict"]
     assert "no eager mode was priced" in capsys.readouterr().out
     assert "No eager mode was priced" in (tmp_path / "report.html").read_text()
     assert not list(tmp_path.glob("*.png"))
@@ -167,15 +167,15 @@ def test_ctrl_c_before_any_mode_is_priced_still_writes_a_report(tmp_path, capsys
 def test_a_script_stopped_by_ctrl_c_is_reported_as_interrupted(tmp_path, capsys):
     outcome = ScriptOutcome(exit_code=130, error="KeyboardInterrupt\n", error_type="KeyboardInterrupt")
     stopped, report = price_and_report(tmp_path, ["strict"], interrupt_at_mode=None, outcome=outcome)
-    assert not stopped and report["exit_code"] == 130 and list(report["modes"]) == ["strict"]
-    assert report["interrupted"] == {"script": True, "pricing": False, "not_priced": []}
+    assert not stopped and report.exit_code == 130 and list(report.modes) == ["strict"]
+    assert report.to_dict()["interrupted"] == {"script": True, "pricing": False, "not_priced": []}
     assert "INCOMPLETE: Ctrl-C stopped the script;" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("code, complete", [(0, True), (3, False)])
 def test_the_exit_status_is_in_the_report(tmp_path, capsys, code, complete):
     _, report = price_and_report(tmp_path, ["strict"], interrupt_at_mode=None, outcome=ScriptOutcome(exit_code=code))
-    assert report["exit_code"] == code and report["complete"] is complete and report["interrupted"] is None
+    assert report.exit_code == code and report.complete is complete and report.interrupted is None
     assert ("INCOMPLETE: the script exited with status 3" in capsys.readouterr().out) is not complete
 
 

@@ -168,13 +168,13 @@ def test_a_shape_change_is_a_recompile_reported_with_its_source_line():
     (r,) = fused.recompiles
     assert (r.source, r.op, r.old_shapes, r.new_shapes) == ("m.py:1", "aten::mul", ((N,),), ((N // 2,),))
     report = build_report(RunInfo("m.py"), loop(steps=4, sizes=[N, N, N // 2, N]), toy(compile_s=1e-3), tl)
-    entry = report["modes"]["fused"]
-    assert entry["compile_cache"]["recompile_count"] == 1
-    assert entry["compile_cache"]["recompiles"][0]["source"] == "m.py:1"
-    assert entry["fusion"]["kernels"] == 4 and entry["fusion"]["cuts"] == {"sync": 4}
-    assert report["modes"]["strict"]["fusion"] is None
-    assert entry["hbm_bytes_moved"] < report["modes"]["strict"]["hbm_bytes_moved"]
-    assert entry["host_s"]["compile"] == pytest.approx(2e-3)
+    entry = report.modes["fused"]
+    assert entry.compile_cache.recompile_count == 1
+    assert entry.compile_cache.recompiles[0].source == "m.py:1"
+    assert entry.fusion["kernels"] == 4 and entry.fusion["cuts"] == {"sync": 4}
+    assert report.modes["strict"].fusion is None
+    assert entry.hbm_bytes_moved < report.modes["strict"].hbm_bytes_moved
+    assert entry.host_s.compile == pytest.approx(2e-3)
     table = summary_table(report, "reports/x")
     assert "compile hits/misses" in table and "HBM bytes moved" in table
     assert f"recompile: m.py:1: aten::mul [[{N}]] -> [[{N // 2}]] (debug, strict, fused)" in table

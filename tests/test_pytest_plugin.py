@@ -39,7 +39,7 @@ import torch
 
 def test_step_time_within_budget(tpusim_run):
     run = tpusim_run("train.py", topology="2d:2x2", chip="v5e")
-    assert run.report["run"]["chip"] == "v5e" and run.report["slice"]["chips"] == 4
+    assert run.report.run.chip == "v5e" and run.report.slice.chips == 4
     run.assert_budgets(max_step_time="1s", max_hbm=0.5, fail_on="f64,host-sync")
     assert 0 < run.step_time_s < 1 and run.hbm_peak_bytes >= 64 * 128 * 4
 
@@ -50,7 +50,7 @@ def test_step_time_over_budget(tpusim_run):
 
 def test_no_float64(tpusim_run):
     run = tpusim_run("train_f64.py")
-    assert not run.lint("f64"), run.lint("f64")[0]["message"]
+    assert not run.lint("f64"), run.lint("f64")[0].message
 
 
 @pytest.mark.tpu(mode="fused")

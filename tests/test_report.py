@@ -26,7 +26,7 @@ def priced():
 
 
 def test_report_has_the_documented_sections(priced):
-    _, _, _, report = priced
+    report = priced[3].to_dict()                # report.json's content
     assert report["schema"] == "tpusim-report" and report["version"] == SCHEMA_VERSION
     assert report["complete"] is True and report["error"] is None
     assert report["run"]["modes"] == ["debug", "strict"] and report["run"]["argv"] == ["--steps", "3"]
@@ -42,7 +42,7 @@ def test_report_has_the_documented_sections(priced):
 
 def test_debug_is_never_faster_than_strict(priced):
     _, _, _, report = priced
-    assert report["modes"]["debug"]["total_s"] >= report["modes"]["strict"]["total_s"]
+    assert report.modes["debug"].total_s >= report.modes["strict"].total_s
 
 
 def test_lint_flags_the_sync_in_the_loop_and_the_half_empty_mxu(priced):
@@ -53,7 +53,8 @@ def test_lint_flags_the_sync_in_the_loop_and_the_half_empty_mxu(priced):
     assert ("host-sync", "model.py:5") in codes
     assert ("mxu-padding", "model.py:3") in codes  # n = 64 on a 128-wide MXU: half the tile idle
     # report.json holds them as {code, message, source}, in the order of the rules table
-    assert report["warnings"] == [{"code": w.code, "message": w.message, "source": w.source} for w in warnings]
+    assert report.to_dict()["warnings"] == [{"code": w.code, "message": w.message, "source": w.source}
+                                            for w in warnings]
     assert [w.code for w in warnings] == sorted((w.code for w in warnings), key=list(RULES).index)
 
 
@@ -108,11 +109,12 @@ def test_collectives_and_link_heat_map_are_reported(tmp_path):
     trace, slice_ = Trace(records, world_size=64), build_slice("3d:4x4x4", "v5p")
     timelines = {"strict": price(trace, topology=slice_, mode="strict")}
     report = build_report(RunInfo("train.py"), trace, slice_, timelines)
-    (entry,) = report["modes"]["strict"]["collectives"]
+    data = report.to_dict()                     # report.json's content
+    (entry,) = data["modes"]["strict"]["collectives"]
     assert entry["kind"] == "all_reduce" and entry["bytes"] == 2**22 and entry["source"] == "train.py:7"
     # an idle network: the simulated time and the closed form agree (the simulator's own tests check 1%)
     assert entry["time_s"] == pytest.approx(entry["closed_form_s"], rel=0.02)
-    links = report["modes"]["strict"]["links"]
+    links = data["modes"]["strict"]["links"]
     assert 0 < links["max_utilisation"] <= 1 and links["per_chip"]
     out = write_report(tmp_path, report, timelines)
     assert (out / "links.png").exists()
@@ -159,25 +161,25 @@ def test_measured_section_sets_real_times_beside_the_prediction(priced, tmp_path
             ModeRun("strict", (1.0, 0.2, 0.2), 1.4, target_mode="strict"),
             ModeRun("fused", (0.5,), None, exit_code=1, error_type="RuntimeError", error="Traceback ...\n"))
     on_cpu = Measured(JaxDevice("cpu", "cpu", "0.10.2"), "v5p", "default", runs)
-    cpu = measured_section(on_cpu, report["modes"])
+    cpu = measured_section(on_cpu, report.to_dict()["modes"])
     assert cpu["baseline"] == "strict" and cpu["notes"] == [not_tpu_note("cpu")]
     debug, strict, fused = (cpu["modes"][m] for m in ("debug", "strict", "fused"))
     assert (debug["steps"], debug["first_step_s"], debug["step_time_median_s"]) == (4, 2.0, 0.4)
     assert debug["ratio"]["measured"] == pytest.approx(0.4 / 0.2)
-    assert debug["ratio"]["simulated"] == pytest.approx(report["modes"]["debug"]["step_time_median_s"]
-                                                        / report["modes"]["strict"]["step_time_median_s"])
+    assert debug["ratio"]["simulated"] == pytest.approx(report.modes["debug"].step_time_median_s
+                                                        / report.modes["strict"].step_time_median_s)
     assert strict["ratio"] == {"measured": 1.0, "simulated": 1.0}
     assert fused["error"]["type"] == "RuntimeError" and fused["step_time_median_s"] == 0.5  # one step: its own
     assert fused["simulated_step_time_median_s"] is None and fused["ratio"]["simulated"] is None  # not priced
     # on a TPU tpusim knows, no note; on one it has no chip for, or with --chip, the note says what was priced
     tpu = JaxDevice("tpu", "TPU v5 lite", "0.10.2")
-    assert measured_section(Measured(tpu, "v5e", "device", runs[:1]), report["modes"])["notes"] == []
-    assert measured_section(Measured(tpu, "v5e", "device", runs[:1]), report["modes"])["baseline"] == "debug"
-    assert "--chip" in measured_section(Measured(tpu, "v5p", "--chip", runs), report["modes"])["notes"][0]
+    assert measured_section(Measured(tpu, "v5e", "device", runs[:1]), report.to_dict()["modes"])["notes"] == []
+    assert measured_section(Measured(tpu, "v5e", "device", runs[:1]), report.to_dict()["modes"])["baseline"] == "debug"
+    assert "--chip" in measured_section(Measured(tpu, "v5p", "--chip", runs), report.to_dict()["modes"])["notes"][0]
     full = build_report(RunInfo("model.py", argv=("--steps", "3")), trace, slice_, timelines,
                         lint(trace, slice_.chip, timelines["strict"]), measured=on_cpu)
-    assert {k: v for k, v in full.items() if k != "measured"} == report     # the rest is the same report
-    assert full["measured"]["modes"]["debug"]["ratio"]["measured"] == pytest.approx(0.4 / 0.2)
+    assert {k: v for k, v in full.to_dict().items() if k != "measured"} == report.to_dict()   # the rest: the same
+    assert full.measured.modes["debug"].ratio.measured == pytest.approx(0.4 / 0.2)
     table = summary_table(full, "reports/x")
     assert "vs strict, measured" in table and f"note: {not_tpu_note('cpu')}" in table
     assert "measured fused: the run failed with RuntimeError" in table
@@ -198,11 +200,12 @@ def test_distributed_and_placement_sections_come_from_their_typed_parts():
     timelines = {"strict": price(trace, topology=slice_)}
     report = build_report(RunInfo("train.py"), trace, slice_, timelines, distributed=distributed_info(trace, slice_),
                           placements=compare(trace, slice_, lambda t, s: price(t, topology=s)))
-    assert report["distributed"] == {"ranks": "one", "world_size": 8, "placement": "tp=x,dp=yz", "numerics_rule": "",
+    data = report.to_dict()                     # report.json's content
+    assert data["distributed"] == {"ranks": "one", "world_size": 8, "placement": "tp=x,dp=yz", "numerics_rule": "",
                                      "not_reference_correct": []}
-    placements = report["placements"]
+    placements = data["placements"]
     assert placements["mesh"] == {"dim_names": ["dp", "tp"], "shape": [4, 2]} and placements["default"] == "tp=x,dp=yz"
     assert set(placements["ranked"][0]) == {"placement", "total_s", "step_s", "collective_s", "by_dim", "axes",
                                             "algorithms"}
-    assert json.loads(json.dumps(report)) == report        # plain JSON all the way down
-    assert "distributed" not in build_report(RunInfo("train.py"), trace, slice_, timelines)
+    assert json.loads(json.dumps(data)) == data        # plain JSON all the way down
+    assert "distributed" not in build_report(RunInfo("train.py"), trace, slice_, timelines).to_dict()

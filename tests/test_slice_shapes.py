@@ -89,7 +89,7 @@ def test_the_note_reaches_topology_summary_html_json_and_compare(capsys, tmp_pat
         timelines = {"strict": price(trace, topology=slice_, mode="strict")}
         reports[topology] = build_report(RunInfo("model.py"), trace, slice_, timelines)
     odd, real = reports["3d:3x5x7"], reports["3d:4x4x4"]
-    assert odd["slice"]["shape_note"] and real["slice"]["shape_note"] is None
+    assert odd.slice.shape_note and real.slice.shape_note is None
     assert "warning: 3x5x7 is not a v5p slice shape" in summary_table(odd, "out")
     assert "not a v5p slice shape" not in summary_table(real, "out")
     assert "Slice shape:</b> 3x5x7 is not a v5p slice shape" in render_html(odd, {})

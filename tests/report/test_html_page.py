@@ -38,12 +38,12 @@ def test_the_page_is_valid_html5_with_nothing_external(page):
 def test_headline_verdict_and_every_summary_row_are_on_the_page(page):
     path, report = page
     text = path.read_text()
-    head = report["modes"]["fused"]["headline"]
+    head = report.modes["fused"].headline
     for card in ("tokens/s per chip", "TFLOP/s per chip", "MFU (dtype peak)", "HBM peak", "exposed communication",
                  "bound by"):
         assert f">{card}<b>" in text
-    assert html_escape(head["verdict"]) in text
-    for label, _ in mode_rows(report["modes"], list(report["modes"])):
+    assert html_escape(head.verdict) in text
+    for label, _ in mode_rows(report.modes, list(report.modes)):
         assert f"<td>{html_escape(label)}</td>" in text          # host compile, host dispatch, HBM bytes, ...
 
 
@@ -51,8 +51,8 @@ def test_tables_collapse_and_collectives_are_grouped(page):
     path, report = page
     text = path.read_text()
     assert text.count("<details") >= 4 and text.count("<details") == text.count("</details>")
-    calls = len(report["modes"]["fused"]["collectives"])
-    groups = len(report["modes"]["fused"]["collective_groups"])
+    calls = len(report.modes["fused"].collectives)
+    groups = len(report.modes["fused"].collective_groups)
     assert groups == 2 < calls and f"{calls} calls in {groups} groups" in text
 
 

@@ -32,7 +32,7 @@ def tp_trace(steps: int = 3, gathers: int = 4) -> Trace:
 def tp_report():
     trace, slice_ = tp_trace(), build_slice("3d:4x4x4", "v5p")
     timeline = price(trace, topology=slice_, mode="strict")
-    return timeline, build_report(RunInfo("tp.py"), trace, slice_, {"strict": timeline})["modes"]["strict"]
+    return timeline, build_report(RunInfo("tp.py"), trace, slice_, {"strict": timeline}).to_dict()["modes"]["strict"]
 
 
 def test_heat_map_lights_every_chip_of_the_slice_by_symmetry(tp_report):
@@ -90,5 +90,5 @@ def test_an_idle_network_collective_has_no_contention():
                StepMarker(0, 0)]
     trace, slice_ = Trace(renumber(records), world_size=64), build_slice("3d:4x4x4", "v5p")
     report = build_report(RunInfo("a.py"), trace, slice_, {"strict": price(trace, topology=slice_)})
-    (call,) = report["modes"]["strict"]["collectives"]
+    (call,) = report.to_dict()["modes"]["strict"]["collectives"]
     assert call["contention_s"] == 0.0          # alone on an idle network: the DES equals the closed form

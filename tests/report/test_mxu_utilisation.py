@@ -24,7 +24,7 @@ def utilisation(*ops: OpRecord) -> float:
     slice_ = build_slice("3d:1x1x1", "v5p")
     trace = Trace(renumber([*ops, StepMarker(0, 0)]))
     report = build_report(RunInfo("mm.py"), trace, slice_, {"strict": price(trace, topology=slice_, mode="strict")})
-    return report["modes"]["strict"]["mxu_utilisation"]
+    return report.modes["strict"].mxu_utilisation
 
 
 def test_an_int8_matmul_at_the_int8_peak_reads_at_most_100_percent():

@@ -45,8 +45,8 @@ def test_steps_that_compile_are_warm_up_and_the_median_leaves_them_out(mode):
     # the old rule (median after the first step) kept step 1's compile in the median
     assert seconds[1] > steps.steady_median_s + 0.9 * slice_.chip.compile_s
     report = build_report(RunInfo("train.py"), late_compile_trace(), slice_, {mode: timeline})
-    assert report["modes"][mode]["step_time_median_s"] == pytest.approx(steps.steady_median_s)
-    assert report["modes"][mode]["steps"]["warmup"] == 2
+    assert report.modes[mode].step_time_median_s == pytest.approx(steps.steady_median_s)
+    assert report.modes[mode].steps.warmup == 2
     assert f"warm-up ({mode}): 2 of 5 steps left out of the median" in summary_table(report, "out")
 
 
@@ -59,9 +59,9 @@ def test_a_run_without_steps_says_so_instead_of_a_step_time():
     table = summary_table(report, "out")
     row = next(line for line in table.splitlines() if line.startswith("step time"))
     assert row.split()[-2:] == ["no", "steps"] and "no steps marked" in table.splitlines()[0]
-    assert report["modes"]["strict"]["headline"]["step_s"] is None
+    assert report.modes["strict"].headline.step_s is None
     assert "1 chip)" in table.splitlines()[0]          # not "1 chips"
-    assert report["modes"]["strict"]["headline"]["verdict"].startswith("no steps marked, so over the whole program: ")
+    assert report.modes["strict"].headline.verdict.startswith("no steps marked, so over the whole program: ")
 
 
 def test_a_program_where_nothing_ran_on_the_device_is_bound_by_nothing():
@@ -69,9 +69,9 @@ def test_a_program_where_nothing_ran_on_the_device_is_bound_by_nothing():
     trace = Trace(renumber([StepMarker(0, 0)]))
     timeline = price(trace, topology=slice_, mode="strict")
     report = build_report(RunInfo("x.py"), trace, slice_, {"strict": timeline})
-    head = report["modes"]["strict"]["headline"]
-    assert head["bound"] is None and head["levers"] == []
-    assert head["verdict"] == "nothing ran on the device (no kernels): no bound to report"
+    head = report.modes["strict"].headline
+    assert head.bound is None and head.levers == []
+    assert head.verdict == "nothing ran on the device (no kernels): no bound to report"
     row = next(line for line in summary_table(report, "out").splitlines() if line.startswith("bound by"))
     assert row.split()[-1] == "-"
 
@@ -92,17 +92,17 @@ def test_headline_numbers_follow_from_the_steady_step():
     timelines = {"strict": price(trace, topology=slice_, mode="strict")}
     report = build_report(RunInfo("model.py", tokens_per_step=4096), trace, slice_, timelines,
                           lint(trace, slice_.chip, timelines["strict"]))
-    head = report["modes"]["strict"]["headline"]
-    step = head["step_s"]
+    head = report.modes["strict"].headline
+    step = head.step_s
     flops = 2 * 64 * 128 * 64 + 8 * 64 * 64                 # one step of training_trace: mm + gelu
-    assert head["flops_per_step_per_chip"] == pytest.approx(flops)
-    assert head["tflops_per_s_per_chip"] == pytest.approx(flops / step / 1e12, rel=1e-6)
-    assert head["mfu"] == pytest.approx(flops / step / slice_.chip.peak_bf16_flops_per_s, rel=1e-6)
-    assert head["tokens_per_s_per_slice"] == pytest.approx(4096 / step, rel=1e-6)
-    assert head["tokens_per_s_per_chip"] == head["tokens_per_s_per_slice"]        # one chip
+    assert head.flops_per_step_per_chip == pytest.approx(flops)
+    assert head.tflops_per_s_per_chip == pytest.approx(flops / step / 1e12, rel=1e-6)
+    assert head.mfu == pytest.approx(flops / step / slice_.chip.peak_bf16_flops_per_s, rel=1e-6)
+    assert head.tokens_per_s_per_slice == pytest.approx(4096 / step, rel=1e-6)
+    assert head.tokens_per_s_per_chip == head.tokens_per_s_per_slice        # one chip
     # a few tiny ops: the device waits for the host; the sync in the loop is the lever
-    assert head["bound"] == "host dispatch" and head["levers"] == ["host-sync"]
-    assert head["verdict"].startswith("host dispatch-bound") and "host-sync" in head["verdict"]
+    assert head.bound == "host dispatch" and head.levers == ["host-sync"]
+    assert head.verdict.startswith("host dispatch-bound") and "host-sync" in head.verdict
     table = summary_table(report, "out")
     assert "tokens/s per chip" in table and "verdict (strict): host dispatch-bound" in table
 
@@ -131,11 +131,11 @@ def test_a_collective_bound_step_reads_ici_with_its_lever():
     trace, slice_ = Trace(renumber(records), world_size=64), build_slice("3d:4x4x4", "v5p")
     timelines = {"strict": price(trace, topology=slice_, mode="strict")}
     report = build_report(RunInfo("t.py"), trace, slice_, timelines, lint(trace, slice_.chip, timelines["strict"]))
-    mode = report["modes"]["strict"]
-    head = mode["headline"]
-    assert head["bound"] == "ICI" and head["levers"] == ["comm-bound"]
-    assert head["exposed_comm_share"] == pytest.approx(mode["step_device_s"]["collective_exposed"] / head["step_s"])
-    assert 0.5 < head["exposed_comm_share"] <= 1.0
+    mode = report.modes["strict"]
+    head = mode.headline
+    assert head.bound == "ICI" and head.levers == ["comm-bound"]
+    assert head.exposed_comm_share == pytest.approx(mode.step_device_s["collective_exposed"] / head.step_s)
+    assert 0.5 < head.exposed_comm_share <= 1.0
 
 
 def test_ranks_all_counts_per_rank_everywhere():
@@ -150,9 +150,9 @@ def test_ranks_all_counts_per_rank_everywhere():
     timeline = price(trace, topology=slice_, mode="strict")
     assert timeline.kernels == 12 and len(timeline.chips_simulated) == 4
     report = build_report(RunInfo("t.py"), trace, slice_, {"strict": timeline})
-    mode = report["modes"]["strict"]
-    assert mode["kernels"] == 3 == report["program"]["ops"]          # per rank, like the op count beside it
-    assert mode["steps"]["compiles"] == [1, 0, 0]                      # one rank's misses, not four ranks'
-    assert mode["compile_cache"]["misses"] == 1
+    mode = report.modes["strict"]
+    assert mode.kernels == 3 == report.program.ops          # per rank, like the op count beside it
+    assert mode.steps.compiles == [1, 0, 0]                      # one rank's misses, not four ranks'
+    assert mode.compile_cache.misses == 1
     table = summary_table(report, "out")
     assert "3 ops, 0 collectives, 3 steps per rank (4 ranks recorded)" in table

@@ -21,6 +21,7 @@ from tpusim.errors import TpusimError
 from tpusim.testing.budgets import Budgets, Check, evaluate, parse_hbm, parse_lint_list, parse_seconds, script_check
 
 if TYPE_CHECKING:
+    from tpusim.report.schema import Report
     from tpusim.run.options import RunOptions
 
 OK, FAILED, BAD_INPUT, SCRIPT_FAILED = 0, 1, 2, 3
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         from tpusim.output import write_atomic
         from tpusim.testing.junit import junit_xml
 
-        write_atomic(args.junit, junit_xml(f"tpusim check {report['run']['script']}", checks,
+        write_atomic(args.junit, junit_xml(f"tpusim check {report.run.script}", checks,
                                            time.perf_counter() - started))
     summary = summarise(report, checks, status, str(out_dir))
     if args.json:
@@ -122,17 +123,17 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
-def summarise(report: dict[str, Any], checks: list[Check], status: int, out: str) -> dict[str, Any]:
+def summarise(report: Report, checks: list[Check], status: int, out: str) -> dict[str, Any]:
     """The machine-readable summary (``--json``): the verdict, each check, each mode's headline numbers."""
     words = {OK: "ok", FAILED: "failed", BAD_INPUT: "bad input", SCRIPT_FAILED: "script failed"}
     return {
         "status": words.get(status, "interrupted"), "exit_code": status,
-        "script": report["run"]["script"], "topology": report["run"]["topology"], "chip": report["run"]["chip"],
-        "modes": {mode: {"step_time_s": entry["step_time_median_s"], "hbm_peak_bytes": entry["hbm"]["peak_bytes"],
-                         "hbm_peak_fraction": entry["hbm"].get("peak_fraction"), "mfu": entry["mfu"]}
-                  for mode, entry in report["modes"].items()},
+        "script": report.run.script, "topology": report.run.topology, "chip": report.run.chip,
+        "modes": {mode: {"step_time_s": entry.step_time_median_s, "hbm_peak_bytes": entry.hbm.peak_bytes,
+                         "hbm_peak_fraction": entry.hbm.peak_fraction, "mfu": entry.mfu}
+                  for mode, entry in report.modes.items()},
         "checks": [{"name": c.name, "passed": c.passed, "message": c.message} for c in checks],
-        "lint": sorted({w["code"] for w in report["warnings"]}),
+        "lint": sorted({w.code for w in report.warnings}),
         "report": out,
     }
 

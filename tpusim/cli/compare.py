@@ -10,11 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpusim.errors import TpusimError
 from tpusim.report.text import percent_text, resolved, seconds_text
 from tpusim.units import format_bytes
+
+if TYPE_CHECKING:
+    from tpusim.report.schema import Report
 
 EXAMPLES = """\
 examples:
@@ -24,13 +27,13 @@ examples:
 """
 
 METRICS = (
-    ("step time (median)", lambda m: m["step_time_median_s"], seconds_text),
-    ("whole program", lambda m: m["total_s"], seconds_text),
-    ("kernels", lambda m: m["kernels"], str),
-    ("host stall", lambda m: m["host_s"]["stall"], seconds_text),
-    ("collectives exposed", lambda m: m["device_s"]["collective_exposed"], seconds_text),
-    ("MFU", lambda m: m["mfu"], percent_text),
-    ("HBM peak", lambda m: m["hbm"]["peak_bytes"], format_bytes),
+    ("step time (median)", lambda m: m.step_time_median_s, seconds_text),
+    ("whole program", lambda m: m.total_s, seconds_text),
+    ("kernels", lambda m: m.kernels, str),
+    ("host stall", lambda m: m.host_s.stall, seconds_text),
+    ("collectives exposed", lambda m: m.device_s["collective_exposed"], seconds_text),
+    ("MFU", lambda m: m.mfu, percent_text),
+    ("HBM peak", lambda m: m.hbm.peak_bytes, format_bytes),
 )
 
 
@@ -50,15 +53,15 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(run=run)
 
 
-def load_report(path: str) -> tuple[dict[str, Any], Path]:
+def load_report(path: str) -> tuple[Report, Path]:
     """A report folder (or its report.json), its schema and version checked (tpusim/report/load.py)."""
     from tpusim.report.load import load_report as load
 
     return load(path)
 
 
-def reprice(folder: Path, report: dict[str, Any], topology: str | None, chip: str | None,
-            modes: str | None, faults: tuple = (None, None, None)) -> dict[str, Any]:
+def reprice(folder: Path, report: Report, topology: str | None, chip: str | None,
+            modes: str | None, faults: tuple = (None, None, None)) -> Report:
     """A's program trace priced again: a new report in memory, labelled by what changed."""
     from tpusim.eager.modes import DEFAULT_MODE, resolve_modes
     from tpusim.pricing import price
@@ -72,46 +75,45 @@ def reprice(folder: Path, report: dict[str, Any], topology: str | None, chip: st
     if not program.is_file():
         raise TpusimError(f"{folder}: no program.jsonl to re-price (it is written by `tpusim run`)")
     trace = read_trace(program)
-    slice_ = build_slice(topology or report["run"]["topology"], chip=chip or (None if topology else
-                                                                              report["run"]["chip"]))
+    slice_ = build_slice(topology or report.run.topology, chip=chip or (None if topology else report.run.chip))
     slice_ = apply_faults(slice_, *faults)
-    names = resolve_modes(modes) if modes else list(report["modes"]) or [DEFAULT_MODE]
+    names = resolve_modes(modes) if modes else list(report.modes) or [DEFAULT_MODE]
     timelines = {mode: price(trace, topology=slice_, mode=mode) for mode in names}
-    info = RunInfo(script=report["run"]["script"], argv=tuple(report["run"]["argv"]), topology=slice_.spec,
-                   numerics=report["run"]["numerics"], torch_version=report["run"]["torch_version"],
-                   tokens_per_step=report["run"].get("tokens_per_step"))
+    run = report.run
+    info = RunInfo(script=run.script, argv=tuple(run.argv), topology=slice_.spec, numerics=run.numerics,
+                   torch_version=run.torch_version, tokens_per_step=run.tokens_per_step)
     return build_report(info, trace, slice_, timelines, lint(trace, slice_.chip, timelines[names[-1]]))
 
 
-def label(report: dict[str, Any]) -> str:
-    return f"{report['run']['topology']} {report['run']['chip']}"
+def label(report: Report) -> str:
+    return f"{report.run.topology} {report.run.chip}"
 
 
-def notes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+def notes(a: Report, b: Report) -> list[str]:
     """What to know before reading the ratios: different programs, incomplete runs."""
     from tpusim.report.load import STEADY_MEDIAN_SINCE, median_meaning
     from tpusim.report.model import incomplete_reason
 
     found = []
-    script_a, script_b = a["run"]["script"], b["run"]["script"]
-    argv_a, argv_b = a["run"]["argv"], b["run"]["argv"]
+    script_a, script_b = a.run.script, b.run.script
+    argv_a, argv_b = a.run.argv, b.run.argv
     if script_a != script_b:
         found.append(f"A and B ran different scripts (A: {script_a}, B: {script_b}): the ratios compare two "
                      f"programs, not one program on two slices")
     elif argv_a != argv_b:
         found.append(f"A and B ran {script_a} with different arguments (A: {' '.join(argv_a) or 'none'}, "
                      f"B: {' '.join(argv_b) or 'none'})")
-    if (a["run"]["chip"], a["slice"]["dims"]) != (b["run"]["chip"], b["slice"]["dims"]):
-        found.append(f"A and B priced different slices (A: {a['run']['topology']} of {a['run']['chip']}, "
-                     f"B: {b['run']['topology']} of {b['run']['chip']}): the ratios include the change of chip "
+    if (a.run.chip, a.slice.dims) != (b.run.chip, b.slice.dims):
+        found.append(f"A and B priced different slices (A: {a.run.topology} of {a.run.chip}, "
+                     f"B: {b.run.topology} of {b.run.chip}): the ratios include the change of chip "
                      f"and torus shape, not only the program")
-    if (a["version"] >= STEADY_MEDIAN_SINCE) != (b["version"] >= STEADY_MEDIAN_SINCE):
-        found.append(f"A is a version {a['version']} report and B a version {b['version']} one: A's step time "
+    if (a.version >= STEADY_MEDIAN_SINCE) != (b.version >= STEADY_MEDIAN_SINCE):
+        found.append(f"A is a version {a.version} report and B a version {b.version} one: A's step time "
                      f"median (and MFU) is over {median_meaning(a)}, B's over {median_meaning(b)}; run the "
                      f"older one again for a like-for-like comparison")
     for name, report in (("A", a), ("B", b)):
-        if report["slice"].get("shape_note"):
-            found.append(f"{name}: {report['slice']['shape_note']}")
+        if report.slice.shape_note:
+            found.append(f"{name}: {report.slice.shape_note}")
     for name, report in (("A", a), ("B", b)):
         reason = incomplete_reason(report)
         if reason:
@@ -119,15 +121,15 @@ def notes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return found
 
 
-def comparison(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+def comparison(a: Report, b: Report) -> list[dict[str, Any]]:
     """Rows (mode, metric, A, B, B/A) for every mode both reports priced (or A's vs B's only mode)."""
-    pairs = [(m, m) for m in a["modes"] if m in b["modes"]]
+    pairs = [(m, m) for m in a.modes if m in b.modes]
     if not pairs:
-        pairs = [(ma, mb) for ma in a["modes"] for mb in b["modes"]]
+        pairs = [(ma, mb) for ma in a.modes for mb in b.modes]
     rows = []
     for mode_a, mode_b in pairs:
         for name, get, fmt in METRICS:
-            va, vb = get(a["modes"][mode_a]), get(b["modes"][mode_b])
+            va, vb = get(a.modes[mode_a]), get(b.modes[mode_b])
             rows.append({"mode": mode_a if mode_a == mode_b else f"{mode_a} vs {mode_b}", "metric": name,
                          "a": va, "b": vb, "ratio": _ratio(va, vb), "a_text": fmt(va), "b_text": fmt(vb)})
     return rows
@@ -153,8 +155,8 @@ def run(args: argparse.Namespace) -> int:
         b = reprice(folder, a, args.topology, args.chip, args.mode, faults)
     else:
         raise TpusimError("nothing to compare: give a second report B, or --topology/--chip/--mode to re-price A")
-    if not a["modes"] or not b["modes"]:
-        raise TpusimError(f"nothing to compare: {'A' if not a['modes'] else 'B'} priced no eager mode "
+    if not a.modes or not b.modes:
+        raise TpusimError(f"nothing to compare: {'A' if not a.modes else 'B'} priced no eager mode "
                           f"(its run was interrupted before pricing); re-price it with --mode")
     rows = comparison(a, b)
     found = notes(a, b)

@@ -1,6 +1,7 @@
 """report.json: the versioned contract of a tpusim run (schema below), built from Timelines.
 
-``build_report`` is where the typed parts of a run become the JSON dict, once: what ran
+``build_report`` is where the typed parts of a run become the report, once (a ``Report``, the typed
+model of report.json: tpusim/report/schema.py, which writes it and its JSON Schema): what ran
 (``RunInfo``), the trace, the slice, one Timeline per mode, the lint warnings
 (``tpusim.report.lint.LintWarning``), and the optional sections (``tpusim.placement.Distributed``,
 ``tpusim.placement.PlacementComparison``, ``tpusim.report.measured.Measured``).
@@ -129,6 +130,7 @@ from tpusim.report.headline import headline
 from tpusim.report.links import link_summary
 from tpusim.report.lint import LintWarning
 from tpusim.report.measured import Measured, measured_section
+from tpusim.report.schema import Report
 from tpusim.report.steps import split_steps
 from tpusim.report.text import resolved
 from tpusim.slice.topology import Slice
@@ -195,8 +197,9 @@ class RunInfo:
 def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str, Timeline],
                  warnings: Sequence[LintWarning] = (), *, distributed: Distributed | None = None,
                  placements: PlacementComparison | None = None, measured: Measured | None = None,
-                 faults: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The report.json dict of a run: every section from its typed part (see the module docstring)."""
+                 faults: dict[str, Any] | None = None) -> Report:
+    """The report of a run (report.json's typed model, tpusim/report/schema.py): every section from its typed
+    part (see the module docstring)."""
     chip = slice_.chip
     codes = frozenset(w.code for w in warnings)
     report = {
@@ -230,26 +233,24 @@ def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str
     if measured is not None:        # after rounding: it compares with the rounded simulated medians
         world = slice_.total_chips if report["program"]["collectives"] else 1
         report["measured"] = rounded(measured_section(measured, report["modes"], world))
-    return report
+    return Report.model_validate(report)
 
 
-def incomplete_reason(report: dict[str, Any]) -> str | None:
+def incomplete_reason(report: Report) -> str | None:
     """Why a report is incomplete, in words ("the script exited with status 3"); None when it is complete.
     Reads reports of every version ``tpusim.report.load`` reads."""
-    if report.get("complete", True):
+    if report.complete:
         return None
     reasons = []
-    interrupted = report.get("interrupted") or {}
-    error = report.get("error") or {}
-    code = report.get("exit_code")
-    if interrupted.get("script"):
+    interrupted, error, code = report.interrupted, report.error, report.exit_code
+    if interrupted is not None and interrupted.script:
         reasons.append("Ctrl-C stopped the script")
-    elif error.get("type"):
-        reasons.append(f"the script raised {error['type']}")
+    elif error is not None and error.type:
+        reasons.append(f"the script raised {error.type}")
     elif code:
         reasons.append(f"the script exited with status {code}")
-    if interrupted.get("pricing"):
-        not_priced = ", ".join(interrupted.get("not_priced") or ())
+    if interrupted is not None and interrupted.pricing:
+        not_priced = ", ".join(interrupted.not_priced)
         reasons.append("Ctrl-C stopped pricing" + (f" ({not_priced} not priced)" if not_priced else ""))
     return "; ".join(reasons) or "the run did not finish"
 

@@ -1,4 +1,5 @@
-"""The report's figures, drawn from a report.json dict (so a notebook can redraw a saved run).
+"""The report's figures, drawn from a ``Report`` (tpusim/report/schema.py), so a notebook can redraw a saved
+run from its loaded report.json.
 
 Each function returns a matplotlib ``Figure`` (no pyplot state, safe in tests and servers);
 ``save_figures`` writes them all as PNG and returns their paths.
@@ -8,10 +9,11 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+
+from tpusim.report.schema import Report
 
 DEVICE_COLOURS = {"mxu": "#1f77b4", "vpu": "#2ca02c", "transcendental": "#17becf", "hbm": "#ff7f0e",
                   "sparsecore": "#9467bd", "launch": "#8c564b", "collective_exposed": "#d62728",
@@ -23,8 +25,8 @@ VISIBLE_SHARE = 0.002    # a series under 0.2% of the widest bar is not drawn (i
 MODE_ORDER = ("debug", "strict", "fused")
 
 
-def _modes(report: dict[str, Any]) -> list[str]:
-    names = list(report["modes"])
+def _modes(report: Report) -> list[str]:
+    names = list(report.modes)
     return sorted(names, key=lambda m: (MODE_ORDER.index(m) if m in MODE_ORDER else len(MODE_ORDER), m))
 
 
@@ -35,10 +37,10 @@ def _time_unit(seconds: float) -> tuple[str, float]:
     return "ns", 1e-9
 
 
-def mode_comparison(report: dict[str, Any]) -> Figure:
+def mode_comparison(report: Report) -> Figure:
     """Step time per eager mode (median after the first step), with the ratio to the slowest."""
     modes = _modes(report)
-    times = [report["modes"][m]["step_time_median_s"] for m in modes]
+    times = [report.modes[m].step_time_median_s for m in modes]
     unit, scale = _time_unit(max(times))
     fig = Figure(figsize=(6, 3.2), layout="constrained")
     ax = fig.subplots()
@@ -52,17 +54,17 @@ def mode_comparison(report: dict[str, Any]) -> Figure:
     return fig
 
 
-def time_breakdown(report: dict[str, Any]) -> Figure:
+def time_breakdown(report: Report) -> Figure:
     """Where the device's time goes in an average steady-state step (warm-up steps excluded): op time by
     limiting term, exposed collectives, idle. Series too thin to see are left out, legend entry and all."""
     modes = _modes(report)
-    total = max(sum(report["modes"][m]["step_device_s"].values()) for m in modes) or 1.0
+    total = max(sum((report.modes[m].step_device_s or {}).values()) for m in modes) or 1.0
     unit, scale = _time_unit(total)
     fig = Figure(figsize=(7, 1.2 + 0.6 * len(modes)), layout="constrained")
     ax = fig.subplots()
     left = np.zeros(len(modes))
     for term, colour in DEVICE_COLOURS.items():
-        widths = np.array([report["modes"][m]["step_device_s"].get(term, 0.0) / scale for m in modes])
+        widths = np.array([(report.modes[m].step_device_s or {}).get(term, 0.0) / scale for m in modes])
         if widths.max(initial=0.0) > VISIBLE_SHARE * total / scale:
             ax.barh(modes, widths, left=left, color=colour, label=DEVICE_LABELS.get(term, term))
             left += widths
@@ -73,26 +75,26 @@ def time_breakdown(report: dict[str, Any]) -> Figure:
     return fig
 
 
-def roofline(report: dict[str, Any], mode: str | None = None) -> Figure:
+def roofline(report: Report, mode: str | None = None) -> Figure:
     """Ops as points (arithmetic intensity, achieved FLOP/s) under the chip's bf16 roofline."""
-    chip = report["chip"]
+    chip = report.chip
     mode = mode or _modes(report)[-1]
-    ops = [o for o in report["modes"][mode]["top_ops"] if o["bytes"] > 0 and o["flops"] > 0 and o["seconds"] > 0]
-    peak, bandwidth = chip["peak_bf16_flops_per_s"], chip["hbm_bytes_per_s"]
+    ops = [o for o in report.modes[mode].top_ops if o.bytes > 0 and o.flops > 0 and o.seconds > 0]
+    peak, bandwidth = chip.peak_bf16_flops_per_s, chip.hbm_bytes_per_s
     fig = Figure(figsize=(6, 4), layout="constrained")
     ax = fig.subplots()
     ridge = peak / bandwidth
     x = np.logspace(-2, max(4.0, np.log10(ridge) + 2), 200)
     ax.loglog(x, np.minimum(peak, x * bandwidth), color="black", lw=1.5,
-              label=f"roofline ({chip['name']}: ridge {ridge:.0f} FLOP/B)")
+              label=f"roofline ({chip.name}: ridge {ridge:.0f} FLOP/B)")
     if ops:
-        intensity = np.array([o["flops"] / o["bytes"] for o in ops])
-        achieved = np.array([o["flops"] / o["seconds"] for o in ops])
-        sizes = np.array([o["seconds"] for o in ops])
+        intensity = np.array([o.flops / o.bytes for o in ops])
+        achieved = np.array([o.flops / o.seconds for o in ops])
+        sizes = np.array([o.seconds for o in ops])
         ax.scatter(intensity, achieved, s=20 + 200 * sizes / sizes.max(), alpha=0.6, color="#dd8452",
                    edgecolor="black", linewidth=0.5, label="ops (size = time)")
         for o, xi, yi in list(zip(ops, intensity, achieved))[:5]:
-            ax.annotate(o["op"].replace("aten::", ""), (xi, yi), fontsize=7, xytext=(3, 3),
+            ax.annotate(o.op.replace("aten::", ""), (xi, yi), fontsize=7, xytext=(3, 3),
                         textcoords="offset points")
     ax.set_xlabel("arithmetic intensity (FLOP / HBM byte)")
     ax.set_ylabel("achieved FLOP/s")
@@ -101,19 +103,19 @@ def roofline(report: dict[str, Any], mode: str | None = None) -> Figure:
     return fig
 
 
-def link_heatmap(report: dict[str, Any], mode: str | None = None) -> Figure | None:
+def link_heatmap(report: Report, mode: str | None = None) -> Figure | None:
     """Per torus axis, each chip's utilisation of its links along that axis (mean of both directions) over
     the x-y plane (mean over z), in the steady-state step, every link of the slice (tpusim/report/links.py
     expands the simulated lines by symmetry): one panel per axis, so tensor-parallel rings on x and
     data-parallel traffic on y/z read apart. One shared colour scale."""
     mode = mode or _modes(report)[-1]
-    links = report["modes"][mode]["links"]
-    per_axis = links.get("per_chip_axis") or [[coord, [u]] for coord, u in links.get("per_chip", [])]
+    links = report.modes[mode].links
+    per_axis = (links.per_chip_axis or [[coord, [u]] for coord, u in links.per_chip]) if links else []
     if not per_axis:
         return None
-    dims = report["slice"]["dims"]
+    dims = report.slice.dims
     axes = [a for a in range(len(per_axis[0][1])) if a >= len(dims) or dims[a] > 1] or [0]
-    names = report["slice"].get("axis_names") or ["x", "y", "z"]
+    names = report.slice.axis_names or ["x", "y", "z"]
     depth = int(np.prod(dims[2:])) if len(dims) > 2 else 1
     grids = []
     for axis in axes:
@@ -136,20 +138,20 @@ def link_heatmap(report: dict[str, Any], mode: str | None = None) -> Figure | No
     return fig
 
 
-def placement_comparison(report: dict[str, Any]) -> Figure | None:
+def placement_comparison(report: Report) -> Figure | None:
     """Collective time per DeviceMesh placement (stacked by mesh dim), best first, when compared."""
-    ranked = (report.get("placements") or {}).get("ranked") or []
+    ranked = report.placements.ranked if report.placements else []
     if len(ranked) < 2:
         return None
     ranked = ranked[:12]
-    dims = sorted({dim for p in ranked for dim in p["by_dim"]})
-    unit, scale = _time_unit(max(p["collective_s"] for p in ranked) or 1e-9)
+    dims = sorted({dim for p in ranked for dim in p.by_dim})
+    unit, scale = _time_unit(max(p.collective_s for p in ranked) or 1e-9)
     fig = Figure(figsize=(7, 1.2 + 0.35 * len(ranked)), layout="constrained")
     ax = fig.subplots()
-    labels = [p["placement"] for p in ranked][::-1]
+    labels = [p.placement for p in ranked][::-1]
     left = np.zeros(len(ranked))
     for dim in dims:
-        widths = np.array([p["by_dim"].get(dim, 0.0) / scale for p in ranked][::-1])
+        widths = np.array([p.by_dim.get(dim, 0.0) / scale for p in ranked][::-1])
         ax.barh(labels, widths, left=left, label=dim)
         left += widths
     ax.set_xlabel(f"collective time per run ({unit}), by mesh dim")
@@ -162,13 +164,13 @@ FIGURES = {"modes": mode_comparison, "breakdown": time_breakdown, "roofline": ro
            "links": link_heatmap, "placements": placement_comparison}
 
 
-def save_figures(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+def save_figures(report: Report, out_dir: Path) -> dict[str, Path]:
     """Every figure as ``out_dir/<name>.png``, each written atomically (tpusim/output.py); none when no mode
     was priced."""
     from tpusim.output import write_atomic
 
     paths: dict[str, Path] = {}
-    if not report["modes"]:
+    if not report.modes:
         return paths
     for name, draw in FIGURES.items():
         fig = draw(report)

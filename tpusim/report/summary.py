@@ -2,28 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from tpusim.report.model import incomplete_reason
+from tpusim.report.schema import CompileCache, Headline, ModeSection, Report, StepsInfo
 from tpusim.report.text import percent_text, seconds_text
 from tpusim.units import format_bytes
 
 RECOMPILES_SHOWN = 5
 
 
-def _cache(mode: dict[str, Any]) -> dict[str, Any]:
+Modes = dict[str, ModeSection]
+NO_CACHE = CompileCache(hits=0, misses=0, recompile_count=0, recompiles=[])
+
+
+def _cache(mode: ModeSection) -> CompileCache:
     """A mode's compile-cache entry; reports written before the cache existed have none."""
-    return mode.get("compile_cache") or {"hits": 0, "misses": 0, "recompile_count": 0, "recompiles": []}
+    return mode.compile_cache or NO_CACHE
 
 
-def _steps(mode: dict[str, Any]) -> dict[str, Any]:
+def _steps(mode: ModeSection) -> StepsInfo:
     """A mode's warm-up/steady split; reports written before it existed: the first step as warm-up."""
-    count = len(mode["steps_s"])
-    return mode.get("steps") or {"count": count, "warmup": min(1, count - 1) if count else 0, "reason": ""}
+    count = len(mode.steps_s)
+    return mode.steps or StepsInfo(count=count, warmup=min(1, count - 1) if count else 0)
 
 
-def _headline(mode: dict[str, Any]) -> dict[str, Any]:
-    return mode.get("headline") or {}
+def _headline(mode: ModeSection) -> Headline:
+    return mode.headline or Headline()
 
 
 def _per_second(value: float | None) -> str:
@@ -36,91 +39,91 @@ def _chips(n: int) -> str:
     return f"{n} chip" + ("" if n == 1 else "s")
 
 
-def step_rows(modes: dict[str, Any], names: list[str], partial: bool = False) -> list[tuple[str, list[str]]]:
+def step_rows(modes: Modes, names: list[str], partial: bool = False) -> list[tuple[str, list[str]]]:
     """Steps, warm-up and the steady-state median; a run without steps says so; ``partial``: the record budget
     cut the trace before any step, so the "whole program" priced is only its recorded prefix."""
     def median(m: str) -> str:
-        return seconds_text(modes[m]["step_time_median_s"]) if _steps(modes[m])["count"] else "no steps"
+        return seconds_text(modes[m].step_time_median_s) if _steps(modes[m]).count else "no steps"
 
     return [
-        ("steps (warm-up)", [f"{_steps(modes[m])['count']} ({_steps(modes[m])['warmup']})" for m in names]),
+        ("steps (warm-up)", [f"{_steps(modes[m]).count} ({_steps(modes[m]).warmup})" for m in names]),
         ("step time (median)", [median(m) for m in names]),     # of the steady-state steps
-        ("first step", [seconds_text(modes[m]["first_step_s"]) for m in names]),
-        ("whole program (partial)" if partial else "whole program", [seconds_text(modes[m]["total_s"]) for m in names]),
+        ("first step", [seconds_text(modes[m].first_step_s) for m in names]),
+        ("whole program (partial)" if partial else "whole program", [seconds_text(modes[m].total_s) for m in names]),
     ]
 
 
-def recorded_prefix(report: dict[str, Any]) -> bool:
+def recorded_prefix(report: Report) -> bool:
     """Did the record budget stop recording before any step (the trace only a prefix of the program)?"""
-    stopped = report.get("recording_stopped")
-    return bool(stopped) and not stopped["after_step"]
+    stopped = report.recording_stopped
+    return stopped is not None and not stopped.after_step
 
 
-def budget_line(report: dict[str, Any]) -> str | None:
+def budget_line(report: Report) -> str | None:
     """The record budget's note with what the figures then cover (summary and report.html), else None."""
-    stopped = report.get("recording_stopped")
-    if not stopped:
+    stopped = report.recording_stopped
+    if stopped is None:
         return None
     covered = "the recorded prefix's, not the whole program's" if recorded_prefix(report) else "the recorded steps'"
-    return f"{stopped['note']}; the figures are {covered}"
+    return f"{stopped.note}; the figures are {covered}"
 
 
-def headline_rows(modes: dict[str, Any], names: list[str]) -> list[tuple[str, list[str]]]:
+def headline_rows(modes: Modes, names: list[str]) -> list[tuple[str, list[str]]]:
     """The numbers ML engineers compare (tpusim/report/headline.py), for the steady-state step."""
     head = {m: _headline(modes[m]) for m in names}
     rows = []
-    if any(h.get("tokens_per_step") for h in head.values()):
-        rows += [("tokens/s per slice", [_per_second(head[m].get("tokens_per_s_per_slice")) for m in names]),
-                 ("tokens/s per chip", [_per_second(head[m].get("tokens_per_s_per_chip")) for m in names])]
-    rows += [("TFLOP/s per chip", [f"{head[m].get('tflops_per_s_per_chip', 0.0):.3g}" for m in names]),
-             ("MFU (dtype peak)", [percent_text(modes[m]["mfu"]) for m in names]),
-             ("exposed comm share", [percent_text(head[m].get("exposed_comm_share")) for m in names]),
-             ("bound by", [head[m].get("bound") or "-" for m in names])]
+    if any(h.tokens_per_step for h in head.values()):
+        rows += [("tokens/s per slice", [_per_second(head[m].tokens_per_s_per_slice) for m in names]),
+                 ("tokens/s per chip", [_per_second(head[m].tokens_per_s_per_chip) for m in names])]
+    rows += [("TFLOP/s per chip", [f"{head[m].tflops_per_s_per_chip:.3g}" for m in names]),
+             ("MFU (dtype peak)", [percent_text(modes[m].mfu) for m in names]),
+             ("exposed comm share", [percent_text(head[m].exposed_comm_share) for m in names]),
+             ("bound by", [head[m].bound or "-" for m in names])]
     return rows
 
 
-def mode_rows(modes: dict[str, Any], names: list[str], partial: bool = False) -> list[tuple[str, list[str]]]:
+def mode_rows(modes: Modes, names: list[str], partial: bool = False) -> list[tuple[str, list[str]]]:
     """Every row of the per-mode table, as text: the terminal summary and report.html show the same rows."""
     return [
         *step_rows(modes, names, partial),
         *headline_rows(modes, names),
-        ("kernels", [str(modes[m]["kernels"]) for m in names]),
-        ("host dispatch", [seconds_text(modes[m]["host_s"]["dispatch"]) for m in names]),
-        ("host stall", [seconds_text(modes[m]["host_s"]["stall"]) for m in names]),
-        ("host compile", [seconds_text(modes[m]["host_s"].get("compile", 0.0)) for m in names]),
-        ("compile hits/misses", [f"{_cache(modes[m])['hits']}/{_cache(modes[m])['misses']}" for m in names]),
-        ("recompiles", [str(_cache(modes[m])["recompile_count"]) for m in names]),
-        ("HBM bytes moved", [format_bytes(modes[m].get("hbm_bytes_moved", 0)) for m in names]),
-        ("collectives exposed", [seconds_text(modes[m]["device_s"]["collective_exposed"]) for m in names]),
-        ("collectives hidden", [seconds_text(modes[m].get("collective_overlapped_s", 0.0)) for m in names]),
-        ("MXU utilisation", [percent_text(modes[m]["mxu_utilisation"]) for m in names]),
-        ("HBM peak", [f"{format_bytes(modes[m]['hbm']['peak_bytes'])} "
-                      f"({percent_text(modes[m]['hbm']['peak_fraction'])})" for m in names]),
+        ("kernels", [str(modes[m].kernels) for m in names]),
+        ("host dispatch", [seconds_text(modes[m].host_s.dispatch) for m in names]),
+        ("host stall", [seconds_text(modes[m].host_s.stall) for m in names]),
+        ("host compile", [seconds_text(modes[m].host_s.compile) for m in names]),
+        ("compile hits/misses", [f"{_cache(modes[m]).hits}/{_cache(modes[m]).misses}" for m in names]),
+        ("recompiles", [str(_cache(modes[m]).recompile_count) for m in names]),
+        ("HBM bytes moved", [format_bytes(modes[m].hbm_bytes_moved) for m in names]),
+        ("collectives exposed", [seconds_text(modes[m].device_s["collective_exposed"]) for m in names]),
+        ("collectives hidden", [seconds_text(modes[m].collective_overlapped_s) for m in names]),
+        ("MXU utilisation", [percent_text(modes[m].mxu_utilisation) for m in names]),
+        ("HBM peak", [f"{format_bytes(modes[m].hbm.peak_bytes)} "
+                      f"({percent_text(modes[m].hbm.peak_fraction)})" for m in names]),
     ]
 
 
-def summary_table(report: dict[str, Any], out_dir: str) -> str:
-    run, modes = report["run"], report["modes"]
+def summary_table(report: Report, out_dir: str) -> str:
+    run, modes = report.run, report.modes
     names = list(modes)
     rows = mode_rows(modes, names, recorded_prefix(report))
-    program = report["program"]
-    ranks = program.get("ranks_recorded", 1)
+    program = report.program
+    ranks = program.ranks_recorded
     per_rank = f" per rank ({ranks} ranks recorded)" if ranks > 1 else ""
-    steps = (f"{program['steps']} steps" if program["steps"]
+    steps = (f"{program.steps} steps" if program.steps
              else "no steps marked (optimizer.step() or tpusim.backend.step() mark them)")
-    lines = [f"tpusim: {run['script']} on {run['topology']} ({report['chip']['display_name']}, "
-             f"{_chips(report['slice']['chips'])}) - {program['ops']} ops, {program['collectives']} collectives, "
+    lines = [f"tpusim: {run.script} on {run.topology} ({report.chip.display_name}, "
+             f"{_chips(report.slice.chips)}) - {program.ops} ops, {program.collectives} collectives, "
              f"{steps}{per_rank}"]
-    if report["slice"].get("shape_note"):
-        lines.append(f"warning: {report['slice']['shape_note']}")
+    if report.slice.shape_note:
+        lines.append(f"warning: {report.slice.shape_note}")
     if note := budget_line(report):              # the record budget: the columns price what was recorded
         lines.append(f"note: {note}")
     lines += _columns(names, rows) if names else ["no eager mode was priced"]
     lines += warmup_lines(modes)
     lines += verdict_lines(modes)
     lines += recompile_lines(modes)
-    for warning in report["warnings"]:
-        lines.append(f"warning: {warning['message']}" + (f" ({warning['source']})" if warning.get("source") else ""))
+    for warning in report.warnings:
+        lines.append(f"warning: {warning.message}" + (f" ({warning.source})" if warning.source else ""))
     reason = incomplete_reason(report)
     if reason:
         lines.append(f"INCOMPLETE: {reason}; the report covers what ran before")
@@ -129,21 +132,21 @@ def summary_table(report: dict[str, Any], out_dir: str) -> str:
     return "\n".join(lines)
 
 
-def warmup_lines(modes: dict[str, Any]) -> list[str]:
+def warmup_lines(modes: Modes) -> list[str]:
     """Why each mode's warm-up steps were left out of its median (one line per distinct reason)."""
     lines = []
     for name, mode in modes.items():
         steps = _steps(mode)
-        if steps["warmup"] and steps.get("reason"):
-            lines.append(f"warm-up ({name}): {steps['warmup']} of {steps['count']} steps left out of the median: "
-                         f"{steps['reason']}")
+        if steps.warmup and steps.reason:
+            lines.append(f"warm-up ({name}): {steps.warmup} of {steps.count} steps left out of the median: "
+                         f"{steps.reason}")
     return lines
 
 
-def verdict_lines(modes: dict[str, Any]) -> list[str]:
+def verdict_lines(modes: Modes) -> list[str]:
     """What bounds the step, per mode, with the lint codes that would move it."""
-    return [f"verdict ({name}): {_headline(mode)['verdict']}" for name, mode in modes.items()
-            if _headline(mode).get("verdict")]
+    return [f"verdict ({name}): {_headline(mode).verdict}" for name, mode in modes.items()
+            if _headline(mode).verdict]
 
 
 def _columns(names: list[str], rows: list[tuple[str, list[str]]], title: str = "") -> list[str]:
@@ -159,32 +162,32 @@ def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-def measured_lines(report: dict[str, Any]) -> list[str]:
+def measured_lines(report: Report) -> list[str]:
     """--target pjrt: the real wall times per mode and the ratios measured vs simulated (none otherwise)."""
-    measured = report.get("measured")
+    measured = report.measured
     if not measured:
         return []
-    modes = measured["modes"]
+    modes = measured.modes
     names = list(modes)
-    base = measured["baseline"]
-    lines = [f"measured: each mode run for real on JAX's {measured['device_kind']} ({measured['platform']}), "
-             f"wall time; the prediction above is for {measured['chip']}"]
+    base = measured.baseline
+    lines = [f"measured: each mode run for real on JAX's {measured.device_kind} ({measured.platform}), "
+             f"wall time; the prediction above is for {measured.chip}"]
     if names:
         rows: list[tuple[str, list[str]]] = [
-            ("step time (median)", [_seconds(modes[m]["step_time_median_s"]) for m in names]),
-            ("simulated (median)", [_seconds(modes[m]["simulated_step_time_median_s"]) for m in names]),
-            ("first step", [_seconds(modes[m]["first_step_s"]) for m in names]),
-            ("whole program", [_seconds(modes[m]["total_s"]) for m in names]),
-            ("steps", [str(modes[m]["steps"]) for m in names]),
-            (f"vs {base}, measured", [_ratio(modes[m]["ratio"]["measured"]) for m in names]),
-            (f"vs {base}, simulated", [_ratio(modes[m]["ratio"]["simulated"]) for m in names]),
+            ("step time (median)", [_seconds(modes[m].step_time_median_s) for m in names]),
+            ("simulated (median)", [_seconds(modes[m].simulated_step_time_median_s) for m in names]),
+            ("first step", [_seconds(modes[m].first_step_s) for m in names]),
+            ("whole program", [_seconds(modes[m].total_s) for m in names]),
+            ("steps", [str(modes[m].steps) for m in names]),
+            (f"vs {base}, measured", [_ratio(modes[m].ratio.measured) for m in names]),
+            (f"vs {base}, simulated", [_ratio(modes[m].ratio.simulated) for m in names]),
         ]
         lines += _columns(names, rows)
     for name, mode in modes.items():
-        if mode["error"]:
-            lines.append(f"measured {name}: the run failed with {mode['error']['type']} (exit code "
-                         f"{mode['exit_code']}); report.json measured.modes.{name}.error")
-    lines += [f"note: {note}" for note in measured["notes"]]
+        if mode.error:
+            lines.append(f"measured {name}: the run failed with {mode.error.type} (exit code "
+                         f"{mode.exit_code}); report.json measured.modes.{name}.error")
+    lines += [f"note: {note}" for note in measured.notes]
     return lines
 
 
@@ -192,12 +195,12 @@ def _seconds(value: float | None) -> str:
     return seconds_text(value)
 
 
-def recompile_lines(modes: dict[str, Any]) -> list[str]:
+def recompile_lines(modes: Modes) -> list[str]:
     """One line per distinct recompile (source, op, shapes), naming the modes that hit it."""
     seen: dict[tuple, list[str]] = {}
     for name, mode in modes.items():
-        for r in _cache(mode)["recompiles"]:
-            key = (r["source"] or "no source", r["op"], str(r["old_shapes"]), str(r["new_shapes"]))
+        for r in _cache(mode).recompiles:
+            key = (r.source or "no source", r.op, str(r.old_shapes), str(r.new_shapes))
             seen.setdefault(key, []).append(name)
     lines = [f"recompile: {src}: {op} {old} -> {new} ({', '.join(names)})"
              for (src, op, old, new), names in list(seen.items())[:RECOMPILES_SHOWN]]

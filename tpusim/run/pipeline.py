@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tpusim import envvars
 from tpusim.errors import TpusimError, plain_text
@@ -33,6 +33,7 @@ from tpusim.run.progress import Progress
 
 if TYPE_CHECKING:
     from tpusim.report import Measured
+    from tpusim.report.schema import Report
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class RunResult:
 
     exit_code: int
     out_dir: Path
-    report: dict[str, Any] | None
+    report: Report | None
     measured: Measured | None = None
 
 
@@ -292,7 +293,7 @@ class Interrupts:
 
 def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version, out_dir, progress,
                       interrupts: Interrupts, measure: Callable[[], Measured] | None = None,
-                      recording_stopped=None) -> tuple[dict[str, Any], Measured | None, bool]:
+                      recording_stopped=None) -> tuple[Report, Measured | None, bool]:
     """Price every mode, build the report from its typed parts (plus what ``measure`` finds for real), write
     it, print the summary; returns the report, what was measured and whether Ctrl-C stopped pricing."""
     modes = options.modes

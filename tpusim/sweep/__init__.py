@@ -48,9 +48,8 @@ def load_recording(folder: str | Path) -> Recording:
     trace = read_trace(program)
     if (program.parent / "report.json").is_file():
         report, _ = load_report(program.parent)
-        run = report["run"]
-        return Recording(trace, program.parent, run["chip"], run["topology"], run.get("tokens_per_step"),
-                         run["script"])
+        run = report.run
+        return Recording(trace, program.parent, run.chip, run.topology, run.tokens_per_step, run.script)
     return Recording(trace, program.parent)
 
 

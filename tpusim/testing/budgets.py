@@ -12,10 +12,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tpusim.errors import TpusimError
 from tpusim.units import parse_bytes
+
+if TYPE_CHECKING:
+    from tpusim.report.schema import Report
 
 # short names the issue and users write -> the lint code report.json uses. Adding an alias = one row here.
 LINT_ALIASES = {"f64": "float64", "fp64": "float64", "complex": "float64", "sync": "host-sync",
@@ -117,43 +120,42 @@ class Check:
     message: str
 
 
-def script_check(report: dict[str, Any]) -> Check:
+def script_check(report: Report) -> Check:
     """The script itself ran to its end: exit status 0, no exception, not interrupted (report.json's
     ``complete``; ``incomplete_reason`` says why not in the report's own words)."""
     from tpusim.report.model import incomplete_reason
 
-    script = report["run"]["script"]
-    if report.get("complete", True):
+    script = report.run.script
+    if report.complete:
         return Check("script", True, f"{script} ran to its end")
-    error = report.get("error") or {}
-    last = (error.get("traceback") or "").strip().splitlines()[-1:]
+    last = ((report.error and report.error.traceback) or "").strip().splitlines()[-1:]
     return Check("script", False, f"{script}: {incomplete_reason(report)}" + (f" ({last[0]})" if last else ""))
 
 
-def evaluate(report: dict[str, Any], budgets: Budgets) -> list[Check]:
+def evaluate(report: Report, budgets: Budgets) -> list[Check]:
     """Every budget against every mode the report priced, then each --fail-on lint code."""
     from tpusim.units import format_bytes, format_seconds
 
     checks = []
-    for mode, entry in report["modes"].items():
+    for mode, entry in report.modes.items():
         if budgets.max_step_time_s is not None:
-            step = entry["step_time_median_s"]
+            step = entry.step_time_median_s
             ok = step <= budgets.max_step_time_s
             checks.append(Check(f"step-time[{mode}]", ok,
                                 f"step time {format_seconds(step)} {'<=' if ok else '>'} budget "
                                 f"{format_seconds(budgets.max_step_time_s)} ({mode} mode on "
-                                f"{report['run']['topology']} {report['run']['chip']})"))
+                                f"{report.run.topology} {report.run.chip})"))
         if budgets.max_hbm is not None:
-            peak = entry["hbm"]["peak_bytes"]
-            capacity = entry["hbm"].get("capacity_bytes") or report["chip"].get("hbm_bytes") or 0
+            peak = entry.hbm.peak_bytes
+            capacity = entry.hbm.capacity_bytes or report.chip.hbm_bytes or 0
             limit = budgets.max_hbm.limit_bytes(capacity)
             ok = peak <= limit
             share = f" = {100 * peak / capacity:.3g}% of {format_bytes(capacity)}" if capacity else ""
             checks.append(Check(f"hbm[{mode}]", ok, f"HBM peak {format_bytes(peak)}{share} "
                                                     f"{'<=' if ok else '>'} budget {budgets.max_hbm.text()}"))
     for code in budgets.fail_on:
-        found = [w for w in report["warnings"] if w.get("code") == code]
-        lines = "; ".join(f"{w.get('source') or '-'}: {w.get('message')}" for w in found[:5])
+        found = [w for w in report.warnings if w.code == code]
+        lines = "; ".join(f"{w.source or '-'}: {w.message}" for w in found[:5])
         checks.append(Check(f"lint[{code}]", not found,
                             f"no {code} findings" if not found else f"{len(found)} {code} finding(s): {lines}"))
     return checks

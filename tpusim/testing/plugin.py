@@ -21,12 +21,15 @@ import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tpusim.errors import TpusimError
 from tpusim.testing.budgets import Budgets, evaluate, lint_code, parse_hbm, parse_lint_list, parse_seconds
+
+if TYPE_CHECKING:
+    from tpusim.report.schema import Report, WarningEntry
 
 MARKER = ("tpu(chip=None, topology=None, mode=None, numerics='on'): run the test on tpusim's simulated 'tpu' "
           "device with this chip generation, slice, eager mode and numerics (the `tpu` fixture)")
@@ -176,46 +179,46 @@ def _configure(options: dict[str, Any]) -> TpuDevice:
 class RunReport:
     """A ``tpusim run`` of a script: its report.json and the numbers budgets are written against."""
 
-    report: dict[str, Any]
+    report: Report                          # report.json, typed (tpusim/report/schema.py)
     folder: Path
     exit_code: int
     output: str
 
     def __repr__(self) -> str:              # pytest prints it in assertion details: short, not the whole report
-        run = self.report["run"]
-        return f"RunReport({run['script']} on {run['topology']} {run['chip']}, report {self.folder})"
+        run = self.report.run
+        return f"RunReport({run.script} on {run.topology} {run.chip}, report {self.folder})"
 
     @property
     def mode(self) -> str:
         """The mode the properties read: the first one priced."""
-        return next(iter(self.report["modes"]))
+        return next(iter(self.report.modes))
 
     @property
     def step_time_s(self) -> float:
         """Median steady-state step time of the first mode priced, seconds."""
-        return self.report["modes"][self.mode]["step_time_median_s"]
+        return self.report.modes[self.mode].step_time_median_s
 
     @property
     def hbm_peak_bytes(self) -> int:
-        return self.report["modes"][self.mode]["hbm"]["peak_bytes"]
+        return self.report.modes[self.mode].hbm.peak_bytes
 
     @property
     def hbm_peak_fraction(self) -> float:
         """The HBM peak as a share of one chip's capacity."""
-        return self.report["modes"][self.mode]["hbm"]["peak_fraction"]
+        return self.report.modes[self.mode].hbm.peak_fraction
 
     @property
     def mfu(self) -> float:
-        return self.report["modes"][self.mode]["mfu"]
+        return self.report.modes[self.mode].mfu
 
     @property
     def lint_codes(self) -> set[str]:
-        return {w["code"] for w in self.report["warnings"]}
+        return {w.code for w in self.report.warnings}
 
-    def lint(self, code: str) -> list[dict[str, Any]]:
+    def lint(self, code: str) -> list[WarningEntry]:
         """The report's findings for one lint code (``f64`` and other aliases accepted)."""
         wanted = lint_code(code)
-        return [w for w in self.report["warnings"] if w["code"] == wanted]
+        return [w for w in self.report.warnings if w.code == wanted]
 
     def assert_budgets(self, max_step_time: str | float | None = None, max_hbm: str | float | None = None,
                        fail_on: str | None = None) -> None:
@@ -254,7 +257,7 @@ def run_script(script: str | Path, *args: str, out: Path, cwd: Path | None = Non
                     f"{done.stderr.strip()[-2000:]}", pytrace=False)
     report, folder = load_report(out)
     result = RunReport(report, folder, done.returncode, output)
-    if check and not report.get("complete", True):
+    if check and not report.complete:
         pytest.fail(f"tpusim run {script}: the script failed (exit code {done.returncode}):\n"
                     f"{done.stderr.strip()[-2000:]}", pytrace=False)
     return result

@@ -1,0 +1,74 @@
+"""report.json is one typed model (tpusim/report/schema.py): written from it, its JSON Schema generated from it
+and written beside it, read back into it unchanged; report.html from an autoescaped Jinja2 template."""
+
+import json
+
+import pytest
+from factories import training_trace
+
+from tpusim.errors import TpusimError
+from tpusim.pricing import price
+from tpusim.report import Report, RunInfo, build_report, json_schema, load_report, report_json, write_report
+from tpusim.report.html import render_html
+from tpusim.slice.topology import build_slice
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    trace, slice_ = training_trace(), build_slice("3d:1x1x1")
+    timelines = {mode: price(trace, topology=slice_, mode=mode) for mode in ("strict", "fused")}
+    report = build_report(RunInfo("model.py", argv=("--steps", "3")), trace, slice_, timelines)
+    return report, write_report(tmp_path_factory.mktemp("schema"), report, timelines)
+
+
+def test_the_report_is_the_typed_model_and_report_json_its_dump(written):
+    report, out = written
+    assert isinstance(report, Report) and report.schema_ == "tpusim-report"
+    assert report.modes["strict"].hbm.peak_bytes > 0 and report.run.argv == ["--steps", "3"]
+    text = (out / "report.json").read_text()
+    assert text == report_json(report) == json.dumps(report.to_dict(), indent=1, sort_keys=True) + "\n"
+
+
+def test_a_loaded_report_writes_back_the_same_bytes(written):
+    _, out = written
+    loaded, folder = load_report(out)
+    assert folder == out and report_json(loaded) == (out / "report.json").read_text()
+
+
+def test_the_json_schema_is_written_beside_report_json_and_validates_it(written):
+    jsonschema = pytest.importorskip("jsonschema")
+    _, out = written
+    schema = json.loads((out / "report.schema.json").read_text())
+    assert schema == json.loads(json.dumps(json_schema()))
+    assert schema["$id"] == "tpusim-report" and "modes" in schema["required"]
+    data = json.loads((out / "report.json").read_text())
+    jsonschema.validate(data, schema)
+    data["modes"]["strict"]["host_s"]["stall"] = "slow"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, schema)
+
+
+def test_the_loader_refuses_what_the_schema_refuses_naming_the_path(written, tmp_path):
+    _, out = written
+    data = json.loads((out / "report.json").read_text())
+    data["modes"]["fused"]["hbm"]["peak_bytes"] = float("inf")
+    (tmp_path / "report.json").write_text(json.dumps(data))
+    with pytest.raises(TpusimError, match="modes.fused.hbm.peak_bytes must be a finite number, not inf"):
+        load_report(tmp_path)
+    data["modes"]["fused"]["hbm"]["peak_bytes"] = 1
+    del data["modes"]["strict"]["device_s"]["collective_exposed"]
+    (tmp_path / "report.json").write_text(json.dumps(data))
+    with pytest.raises(TpusimError, match="not a complete tpusim report: modes.strict.device_s.collective_exposed is"):
+        load_report(tmp_path)
+    del data["program"]
+    (tmp_path / "report.json").write_text(json.dumps(data))
+    with pytest.raises(TpusimError, match="not a complete tpusim report: program is missing"):
+        load_report(tmp_path)
+
+
+def test_the_page_escapes_what_the_report_holds(written):
+    report, _ = written
+    data = report.to_dict()
+    data["run"]["script"] = "<script>alert(1)</script>.py"
+    page = render_html(Report.model_validate(data), {})
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;.py" in page

@@ -1,0 +1,408 @@
+"""report.json as one typed model: ``Report`` (pydantic), its field names the JSON keys.
+
+``build_report`` (report/model.py) returns a ``Report``; ``report_json`` writes it (sorted keys, floats
+as ``build_report`` rounded them, only the keys that were set, so the same inputs give the same bytes);
+``load_report`` (report/load.py) validates a report.json into it; ``json_schema`` is its JSON Schema
+(written beside report.json as report.schema.json). What each field means: the schema in report/model.py.
+
+Numbers keep the kind they were built with (an int stays an int, a float a float: ``Num``), so a report
+read back and written again is the same file. Fields that older versions (``READ_VERSIONS``) lack are
+optional with a default; ``model_dump(exclude_unset=True)`` leaves out what a report did not have.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, PlainValidator, WithJsonSchema
+from pydantic_core import PydanticCustomError
+
+
+def _number(value: Any) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PydanticCustomError("number", "a number")
+    return value
+
+
+def _finite(value: Any) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise PydanticCustomError("finite", "a finite number")
+    return value
+
+
+def _with_exposed(split: dict[str, Any]) -> dict[str, Any]:
+    if "collective_exposed" not in split:
+        raise PydanticCustomError("missing_key", "collective_exposed")
+    return split
+
+
+Num = Annotated[int | float, PlainValidator(_number), WithJsonSchema({"type": "number"})]
+Finite = Annotated[int | float, PlainValidator(_finite), WithJsonSchema({"type": "number"})]
+Seconds = dict[str, Num]
+DeviceSeconds = Annotated[dict[str, Num], AfterValidator(_with_exposed), WithJsonSchema(
+    {"type": "object", "additionalProperties": {"type": "number"}, "required": ["collective_exposed"]})]
+
+
+class Part(BaseModel):
+    """A section of report.json: strict types, no unknown keys, frozen."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class Open(Part):
+    """A section whose keys come from elsewhere (they may grow): unknown keys kept as they are."""
+
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+
+class ErrorInfo(Part):
+    type: str
+    traceback: str | None = None
+
+
+class InterruptedInfo(Part):
+    script: bool
+    pricing: bool
+    not_priced: list[str]
+
+
+class RankStoppedInfo(Part):
+    rank: int
+    after_step: int
+    steps: int
+    records: int
+
+
+class RecordingStoppedInfo(Part):
+    after_step: int
+    steps: int
+    max_records: int
+    note: str
+    records: int = 0
+    ranks: list[RankStoppedInfo] = []
+
+
+class RunSection(Part):
+    script: str
+    argv: list[str]
+    topology: str
+    chip: str
+    numerics: str
+    torch_version: str
+    modes: list[str]
+    tpusim_version: str | None = None
+    world_size: int | None = None
+    target: str | None = None
+    tokens_per_step: int | None = None
+
+
+class ChipSection(Open):
+    name: str
+    display_name: str
+    peak_bf16_flops_per_s: Finite
+    hbm_bytes_per_s: Finite
+    hbm_bytes: Num | None = None
+    ici_link_bytes_per_s: Num | None = None
+    mxu_size: int | None = None
+
+
+class SliceSection(Open):
+    chips: int
+    dims: list[int]
+    spec: str | None = None
+    chip: str | None = None
+    default_chip_used: bool | None = None
+    shape_note: str | None = None
+    axis_names: list[str] | None = None
+    wrap: list[bool] | None = None
+    twisted: bool | None = None
+    slices: int | None = None
+    chips_per_slice: int | None = None
+    hosts: int | None = None
+    links: int | None = None
+    diameter_hops: int | None = None
+    bisection_links: int | None = None
+    bisection_bytes_per_s: Num | None = None
+    ici_link_bytes_per_s: Num | None = None
+    ici_hop_latency_ns: Num | None = None
+    dcn_bytes_per_s: Num | None = None
+    dcn_slice_bytes_per_s: Num | None = None
+    faults: dict[str, Any] | None = None
+
+
+class ProgramSection(Part):
+    ops: int
+    collectives: int
+    syncs: int
+    steps: int
+    model_flops: Num
+    ranks_recorded: int = 1
+
+
+class StepsInfo(Part):
+    count: int
+    warmup: int
+    compiles: list[int] = []
+    reason: str = ""
+    steady_median_s: Num | None = None
+    steady_start_s: Num | None = None
+    steady_end_s: Num | None = None
+
+
+class Headline(Open):
+    step_s: Num | None = None
+    tokens_per_step: int | None = None
+    tokens_per_s_per_slice: Num | None = None
+    tokens_per_s_per_chip: Num | None = None
+    flops_per_step_per_chip: Num | None = None
+    tflops_per_s_per_chip: Num = 0.0
+    mfu: Num | None = None
+    mfu_peak_flops_per_s: Num | None = None
+    flops_by_dtype: dict[str, Num] = {}
+    hbm_peak_bytes: Num | None = None
+    hbm_peak_fraction: Num | None = None
+    exposed_comm_share: Num | None = None
+    bound: str | None = None
+    bound_shares: dict[str, Num] = {}
+    verdict: str | None = None
+    levers: list[str] = []
+
+
+class HostSeconds(Part):
+    dispatch: Num
+    stall: Finite
+    transfer: Num = 0.0
+    compile: Num = 0.0
+
+
+class Recompile(Part):
+    seq: int
+    source: str
+    op: str
+    old_shapes: Any
+    new_shapes: Any
+
+
+class CompileCache(Part):
+    hits: int
+    misses: int
+    recompile_count: int
+    recompiles: list[Recompile]
+    regions: int | None = None
+    compile_s: Num | None = None
+
+
+class Hbm(Part):
+    peak_bytes: Finite
+    capacity_bytes: Num
+    peak_fraction: Num | None = None
+
+
+class TopOp(Part):
+    op: str
+    source: str
+    count: int
+    seconds: Num
+    flops: Num
+    bytes: Num
+    bound: str
+    dtype: str = ""
+
+
+class CollectiveCall(Open):
+    seq: int
+    kind: str
+    bytes: Num
+    group_size: int
+    axes: list[str]
+    algorithm: str
+    reason: str
+    time_s: Num
+    closed_form_s: Num
+    contention_s: Num
+    source: str
+    rank_bytes: Any = None
+    async_: bool | None = None
+
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True, populate_by_name=True,
+                              alias_generator=lambda name: "async" if name == "async_" else name)
+
+
+class CollectiveGroup(Part):
+    kind: str
+    group_size: int
+    axes: list[str]
+    bytes: Num
+    source: str
+    count: int
+    algorithms: list[str]
+    total_s: Num
+    closed_form_total_s: Num
+    contention_total_s: Num
+    total_bytes: Num
+
+
+class BusyLink(Part):
+    link: str
+    utilisation: Num
+    bytes: Num
+    simulated: bool = True
+
+
+class Links(Part):
+    max_utilisation: Num
+    mean_utilisation: Num
+    busy_links: int
+    busiest: list[BusyLink]
+    per_chip: list[list[Any]] = []
+    per_chip_axis: list[list[Any]] = []
+    simulated_links: int = 0
+    window_s: Num | None = None
+
+
+class HostStall(Part):
+    reason: str
+    source: str
+    seconds: Num
+
+
+class ModeSection(Part):
+    """modes.<mode>: one eager mode priced."""
+
+    total_s: Finite
+    step_time_median_s: Finite
+    kernels: int
+    mfu: Finite
+    host_s: HostSeconds
+    device_s: DeviceSeconds             # by term; collective_exposed always there
+    hbm: Hbm
+    steps_s: list[Num] = []
+    first_step_s: Num | None = None
+    steps: StepsInfo | None = None
+    headline: Headline | None = None
+    step_device_s: Seconds | None = None
+    collective_overlapped_s: Num = 0.0
+    mxu_utilisation: Num = 0.0
+    hbm_bytes_moved: Num = 0
+    compile_cache: CompileCache | None = None
+    fusion: dict[str, Any] | None = None
+    top_ops: list[TopOp] = []
+    collectives: list[CollectiveCall] = []
+    collective_groups: list[CollectiveGroup] = []
+    links: Links | None = None
+    host_stalls: list[HostStall] = []
+
+
+class WarningEntry(Part):
+    code: str
+    message: str
+    source: str = ""
+
+
+class Inexact(Part):
+    kind: str
+    source: str
+    count: int
+    why: str
+
+
+class DistributedSection(Part):
+    ranks: str
+    world_size: int
+    placement: str
+    numerics_rule: str
+    not_reference_correct: list[Inexact]
+
+
+class MeshInfo(Part):
+    dim_names: list[str]
+    shape: list[int]
+
+
+class RankedPlacement(Part):
+    placement: str
+    total_s: Num
+    step_s: Num
+    collective_s: Num
+    by_dim: dict[str, Num]
+    axes: dict[str, str]
+    algorithms: dict[str, str]
+
+
+class PlacementsSection(Part):
+    mesh: MeshInfo | None
+    ranked: list[RankedPlacement]
+    reason: str
+    default: str | None = None
+
+
+class Ratio(Part):
+    measured: Num | None
+    simulated: Num | None
+
+
+class MeasuredMode(Part):
+    steps: int
+    steps_s: list[Num]
+    first_step_s: Num | None
+    step_time_median_s: Num | None
+    total_s: Num | None                 # None: the run did not finish
+    simulated_step_time_median_s: Num | None
+    ratio: Ratio
+    target_mode: str | None
+    exit_code: int
+    error: ErrorInfo | None
+
+
+class MeasuredSection(Part):
+    platform: str
+    device_kind: str
+    is_tpu: bool
+    jax_version: str
+    chip: str
+    chip_from: str
+    baseline: str | None
+    notes: list[str]
+    modes: dict[str, MeasuredMode]
+
+
+class Report(Part):
+    """report.json (schema ``tpusim-report``, versions ``READ_VERSIONS``)."""
+
+    schema_: str
+    version: int
+    complete: bool
+    run: RunSection
+    chip: ChipSection
+    slice: SliceSection
+    program: ProgramSection
+    modes: dict[str, ModeSection]
+    warnings: list[WarningEntry]
+    error: ErrorInfo | None = None
+    exit_code: int | None = None
+    interrupted: InterruptedInfo | None = None
+    recording_stopped: RecordingStoppedInfo | None = None
+    distributed: DistributedSection | None = None
+    placements: PlacementsSection | None = None
+    faults: dict[str, Any] | None = None
+    measured: MeasuredSection | None = None
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, populate_by_name=True,
+                              alias_generator=lambda name: "schema" if name == "schema_" else name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """report.json's content: the keys this report has (older versions lack some), JSON keys."""
+        return self.model_dump(by_alias=True, exclude_unset=True)
+
+
+def report_json(report: Report) -> str:
+    """report.json's text: sorted keys, one-space indent, a newline at the end (the same bytes every time)."""
+    return json.dumps(report.to_dict(), indent=1, sort_keys=True) + "\n"
+
+
+def json_schema() -> dict[str, Any]:
+    """report.json's JSON Schema (draft 2020-12), generated from ``Report``."""
+    schema = Report.model_json_schema(by_alias=True)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "tpusim-report", **schema}

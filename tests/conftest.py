@@ -5,6 +5,7 @@
 - ``jax``: the PJRT target and torch.compile through JAX (tests/pjrt/, the ``pjrt`` extra);
 - ``distributed``: torch.distributed across processes (tests/distributed/);
 - ``accelerator``: a real TPU or GPU seen by JAX (tests/tpu/, skipped elsewhere);
+- ``xla``: the real TPU compiler, deviceless (tests/xla/, the ``xla`` extra; skipped without it);
 - ``slow``: long runs, excluded by default (``-m slow`` runs them).
 
 Adding a test folder = one row in ``GROUP_BY_FOLDER``. Shared builders live in tests/factories.py.
@@ -19,7 +20,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))  # tests/factories.py
 
 GROUP_BY_FOLDER = {"backend": "device", "pjrt": "jax", "distributed": "distributed", "tpu": "accelerator",
-                   "report": "sim"}
+                   "report": "sim", "xla": "xla"}
 DEVICE_FILES = {"test_run.py", "test_notebook.py", "test_packaging.py",
                 "test_run_outcomes.py"}   # top-level tests that run the device
 

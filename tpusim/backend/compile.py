@@ -203,13 +203,23 @@ class JaxGraph:
         self.specs = [_spec(t) for t in example_inputs]
         self.label = f"{name + ': ' if name else ''}graph {index} ({kind})" + ("" if part is None else f" part {part}")
         self._program: Program | None = None        # built at the first recorded call
+        self._tpu_stablehlo: str | None = None      # tpu_stablehlo(), once asked
         self._boxed_call = True
 
     def _record(self, inputs: list, outputs: list) -> None:
         """While recording: this execution's ops, priced by the simulator as one program."""
         if self._program is None:
-            self._program = program_of(self.gm, self.label)
+            self._program = program_of(self.gm, self.label, self.tpu_stablehlo)
         recorder.record_program(self._program, inputs, outputs)
+
+    def tpu_stablehlo(self) -> str:
+        """This graph's StableHLO lowered for TPU (the TPU compiler's input: tpusim/xla/), lowered once."""
+        if self._tpu_stablehlo is None:
+            import jax  # jax: an optional extra, see the module docstring
+
+            specs = list(self.specs) + ([jax.ShapeDtypeStruct((2,), "uint32")] if self.random else [])
+            self._tpu_stablehlo = self.jitted.trace(*specs).lower(lowering_platforms=("tpu",)).as_text()
+        return self._tpu_stablehlo
 
     def lower(self) -> object:
         """The jax ``Lowered`` of this graph at its example shapes (``.as_text()`` is StableHLO)."""

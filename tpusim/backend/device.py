@@ -26,6 +26,7 @@ from tpusim.backend.targets import select
 from tpusim.backend.targets.base import use
 from tpusim.eager import state as eager
 from tpusim.errors import TpusimError
+from tpusim.xla.compiler import quiet_libtpu
 
 NAME = "tpu"
 
@@ -40,6 +41,7 @@ def register(config: DeviceConfig | None = None) -> None:
         raise RuntimeError(
             f"tpusim: the PrivateUse1 device is already claimed by {current!r} in this process, so \"tpu\" "
             f"cannot be registered. Import tpusim.backend before that backend, or do not load both.")
+    quiet_libtpu()                               # jax, when it loads, must not greet a user with libtpu's warnings
     cfg = config or load_config()
     target = select(cfg.target)                  # first: a target that cannot load fails before any change
     module = shim.load()

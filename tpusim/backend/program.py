@@ -18,6 +18,7 @@ from __future__ import annotations
 import operator
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +55,7 @@ class Program:
     ops: tuple[ProgramOp, ...]
     inputs: tuple[int | None, ...]  # value of each graph input (None: not a tensor)
     outputs: tuple[int | None, ...]  # value of each graph output
+    stablehlo: Callable[[], str] | None = None   # the graph lowered for TPU (tpusim/xla/ compiles it), on demand
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
@@ -92,8 +94,8 @@ def _meta_args(args: object) -> object:
     return torch.fx.node.map_arg(args, lambda n: n.meta.get("val"))
 
 
-def program_of(gm: torch.fx.GraphModule, label: str) -> Program:
-    """The ops and values of one Core ATen graph (see the module docstring)."""
+def program_of(gm: torch.fx.GraphModule, label: str, stablehlo: Callable[[], str] | None = None) -> Program:
+    """The ops and values of one Core ATen graph (see the module docstring); ``stablehlo`` lowers it for TPU."""
     b = _Builder()
     ops: list[ProgramOp] = []
     inputs: list[int | None] = []
@@ -116,7 +118,7 @@ def program_of(gm: torch.fx.GraphModule, label: str) -> Program:
                     b.add(node, 0, fakes[0], b.values[base].base)
                 continue
             ops.append(_op(b, node, fakes))
-    return Program(label, tuple(b.values), tuple(ops), tuple(inputs), outputs)
+    return Program(label, tuple(b.values), tuple(ops), tuple(inputs), outputs, stablehlo)
 
 
 def _op(b: _Builder, node: torch.fx.Node, fakes: list[torch.Tensor | None]) -> ProgramOp:

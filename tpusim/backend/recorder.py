@@ -72,6 +72,7 @@ from tpusim.trace.records import (
     TensorMeta,
     Trace,
     TraceMeta,
+    XlaModule,
     renumber,
 )
 
@@ -87,6 +88,7 @@ class Recording:
     metas: list[TensorMeta] = field(default_factory=list)   # the shim's tensor metas, by index
     lock: threading.Lock = field(default_factory=threading.Lock)
     programs: int = 0               # compiled-program executions recorded (OpRecord.program numbers)
+    program_runs: dict[int, tuple[Program, list[int]]] = field(default_factory=dict)   # id -> its executions
     synthetic_storages: int = 0     # storages of values that never leave a compiled program
     max_records: int = 0            # the record budget (TPUSIM_MAX_RECORDS; 0: none): see _over_budget
     stopped_after_step: int | None = None   # the budget stopped storing after this step (steps counts on;
@@ -212,6 +214,7 @@ def record_program(program: Program, inputs: list, outputs: list) -> None:
     with rec.lock:
         _drain(rec)
         rec.programs += 1
+        rec.program_runs.setdefault(id(program), (program, []))[1].append(rec.programs)
         real: dict[int, TensorMeta] = {}
         for value, t in (*zip(program.inputs, inputs), *zip(program.outputs, outputs)):
             if value is not None and isinstance(t, torch.Tensor) and t.device.type == "tpu":
@@ -448,10 +451,22 @@ def stop() -> Trace:
     meta = meta.replace(**rec.meta.set_fields())  # what layers above set wins
     for source in _META_SOURCES:                # e.g. torch.compile's breaks and recompiles (tpusim/backend/compile.py)
         meta = meta.replace(**source())
+    if rec.program_runs:
+        meta = meta.replace(xla_modules=tuple(_xla_module(p, runs) for p, runs in rec.program_runs.values()))
     records = rec.records if rec.kept is None else rec.records[:rec.kept]
     numbered = all(r.seq == i for i, r in enumerate(records))   # as made: then no copy of each record
     rec.trace = Trace(records=tuple(records) if numbered else renumber(records), world_size=1, rank=0, meta=meta)
     return rec.trace
+
+
+def _xla_module(program: Program, runs: list[int]) -> XlaModule:
+    """A compiled graph for the TPU compiler: its StableHLO, or why it has none."""
+    if program.stablehlo is None:
+        return XlaModule(program.label, programs=tuple(runs), error="not lowered to StableHLO")
+    try:
+        return XlaModule(program.label, program.stablehlo(), tuple(runs))
+    except Exception as error:  # a lowering rule missing for TPU: the model prices this graph, and says why
+        return XlaModule(program.label, programs=tuple(runs), error=f"lowering for TPU failed: {error}"[:300])
 
 
 @contextmanager

@@ -43,6 +43,7 @@ What it writes (in --out, default reports/<script>-<topology>-<time>/):
 def add_parser(subparsers) -> None:
     from tpusim.eager.modes import DEFAULT_MODE, MODES
     from tpusim.slice.faults import add_fault_arguments
+    from tpusim.xla.programs import COMPILERS
 
     parser = subparsers.add_parser(
         "run", help="run a PyTorch script on a simulated TPU slice and report what it would cost",
@@ -67,6 +68,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--placement", metavar="MAP",
                         help="DeviceMesh dims -> torus axes, e.g. 'tp=x,fsdp=yz' (default: innermost dim on x, "
                              "then y, z)")
+    parser.add_argument("--compiler", choices=COMPILERS, default="auto",
+                        help="who prices torch.compile graphs: xla (the real TPU compiler, deviceless; needs pip "
+                             "install -e \".[xla]\"), model (tpusim's own fusion model) or auto (xla where the "
+                             "extra is installed; default). The report gives XLA's estimate beside tpusim's")
     parser.add_argument("--compare-placements", action="store_true",
                         help="also price every distinct placement of the DeviceMesh, ranked by step time")
     parser.add_argument("--target", choices=("sim", "pjrt"), default="sim",

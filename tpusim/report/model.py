@@ -133,8 +133,10 @@ from tpusim.report.measured import Measured, measured_section
 from tpusim.report.schema import Report
 from tpusim.report.steps import split_steps
 from tpusim.report.text import resolved
+from tpusim.report.xla import xla_section
 from tpusim.slice.topology import Slice
 from tpusim.trace.records import CollectiveRecord, HostRecord, OpRecord, StepMarker, Trace
+from tpusim.xla.programs import XlaEstimates
 
 SCHEMA = "tpusim-report"
 SCHEMA_VERSION = 3
@@ -197,7 +199,7 @@ class RunInfo:
 def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str, Timeline],
                  warnings: Sequence[LintWarning] = (), *, distributed: Distributed | None = None,
                  placements: PlacementComparison | None = None, measured: Measured | None = None,
-                 faults: dict[str, Any] | None = None) -> Report:
+                 faults: dict[str, Any] | None = None, xla: XlaEstimates | None = None) -> Report:
     """The report of a run (report.json's typed model, tpusim/report/schema.py): every section from its typed
     part (see the module docstring)."""
     chip = slice_.chip
@@ -223,6 +225,9 @@ def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str
                   for mode, timeline in timelines.items()},
         "warnings": [asdict(w) for w in warnings],
     }
+    if xla is not None:             # the run had compiled programs: who priced them (tpusim/report/xla.py)
+        for mode, timeline in timelines.items():
+            report["modes"][mode].update(xla_section(xla, timeline, trace))
     if distributed is not None:
         report["distributed"] = asdict(distributed)
     if placements is not None:

@@ -268,6 +268,18 @@ class HostStall(Part):
     seconds: Num
 
 
+class XlaSection(Part):
+    """modes.<mode>.xla: the TPU compiler's estimate of the compiled programs (tpusim/report/xla.py)."""
+
+    programs: int = 0
+    executions: int = 0
+    kernels: int = 0
+    estimated_s: Num = 0.0
+    model_s: Num = 0.0
+    hbm_peak_bytes: int = 0
+    fell_back: list[str] = []
+
+
 class ModeSection(Part):
     """modes.<mode>: one eager mode priced."""
 
@@ -293,6 +305,8 @@ class ModeSection(Part):
     collective_groups: list[CollectiveGroup] = []
     links: Links | None = None
     host_stalls: list[HostStall] = []
+    compiler: str | None = None         # who priced the compiled programs: "xla" or "model" (runs with some)
+    xla: XlaSection | None = None
 
 
 class WarningEntry(Part):

@@ -40,6 +40,7 @@ class RunOptions:
     fail_chips: str | None = None
     fault_seed: str | None = None
     out: str | None = None                  # None: a fresh folder under reports/
+    compiler: str = "auto"                  # who prices torch.compile graphs: COMPILERS (tpusim/xla/programs.py)
     quiet: bool = False
 
     @property
@@ -60,13 +61,13 @@ class RunOptions:
                    target=args.target, pjrt_timeout_s=args.pjrt_timeout or None,
                    tokens_per_step=args.tokens_per_step, max_records=args.max_records,
                    fail_links=args.fail_links, fail_chips=args.fail_chips, fault_seed=args.fault_seed,
-                   out=args.out, quiet=args.quiet)
+                   out=args.out, quiet=args.quiet, compiler=args.compiler)
 
     def argv(self) -> list[str]:
         """The `python -m tpusim run ...` command line that asks for exactly these options."""
         command = [sys.executable, "-m", "tpusim", "run", str(self.script), "--mode", ",".join(self.mode_names),
                    "--numerics", self.numerics_word,
-                   "--ranks", self.ranks, "--target", self.target]
+                   "--ranks", self.ranks, "--target", self.target, "--compiler", self.compiler]
         flags = {"--chip": self.chip, "--topology": self.topology, "--placement": self.placement,
                  "--tokens-per-step": self.tokens_per_step, "--max-records": self.max_records,
                  "--fail-links": self.fail_links, "--fail-chips": self.fail_chips, "--fault-seed": self.fault_seed,

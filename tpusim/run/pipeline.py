@@ -63,6 +63,11 @@ def run_pipeline(options: RunOptions) -> RunResult:
     from tpusim.slice.topology import build_slice, load_chip_arg
 
     script = check_script(options.script)
+    if options.compiler == "xla":
+        from tpusim.xla.compiler import missing
+
+        if missing():                            # asked for by name: say so before the script runs
+            raise TpusimError(f"--compiler xla: {missing()}")
     envvars.check(skip=("TPUSIM_CHIP", "TPUSIM_NUMERICS"))   # before the device loads (run sets these two)
     progress = Progress(options.quiet)
     device = _jax_device(options, progress) if options.target == "pjrt" else None
@@ -303,6 +308,7 @@ def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version
     from tpusim.report.faults import slowdown_lines, slowdown_section
     from tpusim.report.lint import lint
     from tpusim.report.placements import format_placements
+    from tpusim.report.xla import xla_lines
     from tpusim.trace.records import write_trace
 
     timelines = {}
@@ -349,8 +355,9 @@ def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version
     if slice_.faults and timelines:          # the slowdown against the healthy slice, per mode priced
         healthy = {mode: price(trace, topology=slice_.healthy, mode=mode) for mode in timelines}
         faults = slowdown_section(slice_, timelines, healthy)
+    xla = _xla_estimates(trace, slice_.chip, options.compiler, progress)
     report = build_report(info, trace, slice_, timelines, warnings, distributed=distributed, placements=placements,
-                          measured=measured, faults=faults)
+                          measured=measured, faults=faults, xla=xla)
     try:
         write_trace(trace, out_dir / "program.jsonl")
         write_report(out_dir, report, timelines)
@@ -361,4 +368,19 @@ def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version
     for line in slowdown_lines(faults):
         print(line)
     print(format_placements(distributed, placements), end="")
+    for line in xla_lines(report):
+        print(line)
     return report, measured, not priced
+
+
+def _xla_estimates(trace, chip, compiler: str, progress: Progress):
+    """The TPU compiler's estimate of the trace's torch.compile graphs (None without any), or why not."""
+    from tpusim.xla.compiler import missing
+    from tpusim.xla.programs import XlaEstimates, estimate_programs, use_compiler
+
+    if not trace.meta.xla_modules:
+        return None
+    if not use_compiler(compiler):
+        why = "--compiler model" if compiler == "model" else missing()
+        return XlaEstimates(fell_back=tuple(f"{m.label}: {why}" for m in trace.meta.xla_modules))
+    return estimate_programs(trace, chip, progress.say)

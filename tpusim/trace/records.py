@@ -460,6 +460,17 @@ class MatmulPrecision:
     allow_excess_precision: bool = False   # XLA may keep bf16 intermediates in f32 (XLA_FLAGS / the property)
 
 
+@dataclass(frozen=True)
+class XlaModule:
+    """One compiled graph as the TPU compiler would take it: its StableHLO, lowered for TPU, and the
+    program executions (``OpRecord.program`` numbers) that ran it; ``error`` says why there is no text."""
+
+    label: str                      # "graph 0 (forward)"
+    stablehlo: str = ""
+    programs: tuple[int, ...] = ()
+    error: str = ""
+
+
 RANKS = ("one", "all")
 
 
@@ -482,6 +493,7 @@ class TraceMeta:
     ranks_one: RanksOne | None = None       # --ranks one: the numerics rule, once a collective used it
     placement: str | None = None            # --placement the collective groups were remapped by: "tp=x,fsdp=yz"
     matmul_precision: MatmulPrecision | None = None   # f32 matmul precision (torch.tpu.precision); the highest used
+    xla_modules: tuple[XlaModule, ...] | None = None  # torch.compile graphs' StableHLO, for the TPU compiler
 
     def __post_init__(self) -> None:
         if self.ranks is not None and self.ranks not in RANKS:

@@ -1,0 +1,54 @@
+"""Who prices torch.compile graphs (--compiler auto|xla|model), decided without running any compiler:
+auto uses the TPU compiler only where the xla extra is installed; without it the report and the terminal
+say so in one line; --compiler xla without the extra is bad input before the script runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpusim.errors import TpusimError
+from tpusim.report.xla import xla_lines
+from tpusim.run import pipeline
+from tpusim.run.options import RunOptions
+from tpusim.run.progress import Progress
+from tpusim.trace.records import Trace, TraceMeta, XlaModule
+from tpusim.xla import compiler, programs
+
+NO_EXTRA = 'the TPU compiler needs the xla extra (pip install -e ".[xla]"): libtpu is not installed'
+TRACE = Trace(records=(), meta=TraceMeta(xla_modules=(XlaModule("graph 0 (forward)", "module {}", (1, 3)),)))
+
+
+@pytest.fixture
+def no_extra(monkeypatch):
+    monkeypatch.setattr(compiler, "missing", lambda: NO_EXTRA)
+    monkeypatch.setattr(programs, "missing", lambda: NO_EXTRA)
+
+
+def test_auto_without_the_extra_falls_back_with_one_reason(no_extra):
+    estimates = pipeline._xla_estimates(TRACE, None, "auto", Progress(quiet=True))
+    assert not estimates.priced and estimates.fell_back == (f"graph 0 (forward): {NO_EXTRA}",)
+
+
+def test_no_compiled_graph_no_compiler_section():
+    assert pipeline._xla_estimates(Trace(records=()), None, "auto", Progress(quiet=True)) is None
+
+
+def test_model_is_never_the_compiler(monkeypatch):
+    monkeypatch.setattr(programs, "missing", lambda: None)
+    estimates = pipeline._xla_estimates(TRACE, None, "model", Progress(quiet=True))
+    assert estimates.fell_back == ("graph 0 (forward): --compiler model",)
+
+
+def test_compiler_xla_without_the_extra_is_refused_before_the_script_runs(no_extra, tmp_path):
+    script = tmp_path / "m.py"
+    script.write_text("raise SystemExit('the script ran')\n")
+    with pytest.raises(TpusimError, match=r"--compiler xla: the TPU compiler needs the xla extra"):
+        pipeline.run_pipeline(RunOptions(script=str(script), compiler="xla", out=str(tmp_path / "out")))
+
+
+def test_the_terminal_line_without_the_compiler():
+    from tpusim.report.schema import ModeSection, XlaSection
+
+    mode = ModeSection.model_construct(total_s=1.0, compiler="model", xla=XlaSection(fell_back=[f"g: {NO_EXTRA}"]))
+    report = type("R", (), {"modes": {"strict": mode}})()
+    assert xla_lines(report) == [f"TPU compiler: not used ({NO_EXTRA})"]

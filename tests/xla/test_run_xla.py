@@ -1,0 +1,69 @@
+"""`tpusim run --compiler xla` end to end on a torch.compile'd training loop (the xla extra; skipped without it):
+report.json's per-mode ``xla`` equals what the compiled executables say, compiled again here from the
+recorded StableHLO; ``--compiler model`` leaves the programs to tpusim's model and says so."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpusim.hardware.spec import load_chip
+from tpusim.trace.records import read_trace
+from tpusim.xla.compiler import compile_stablehlo, missing, target_for
+from tpusim.xla.hlo import parse_program
+
+pytestmark = [pytest.mark.xla, pytest.mark.skipif(missing() is not None, reason=str(missing()))]
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = """
+import torch
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)).to("tpu")
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+step = torch.compile(model)
+for _ in range(3):
+    step(torch.randn(64, 256, device="tpu")).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def run(tmp_path: Path, *flags: str) -> tuple[subprocess.CompletedProcess, dict]:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "tpusim", "run", str(script), "--chip", "v5e", "--out", str(out),
+                           *flags], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done, json.loads((out / "report.json").read_text())
+
+
+def test_the_report_gives_xlas_estimate_of_each_compiled_graph(tmp_path):
+    done, report = run(tmp_path, "--compiler", "xla")
+    mode = report["modes"]["strict"]
+    assert mode["compiler"] == "xla" and mode["xla"]["fell_back"] == []
+    modules = read_trace(tmp_path / "out" / "program.jsonl").meta.xla_modules
+    assert [m.label for m in modules] == ["graph 0 (forward)", "graph 1 (backward)"]
+    target = target_for(load_chip("v5e"))
+    compiled = [compile_stablehlo(m.stablehlo, target) for m in modules]
+    programs = [parse_program(c.hlo) for c in compiled]
+    runs = [len(m.programs) for m in modules]
+    assert runs == [3, 3]
+    assert mode["xla"]["programs"] == 2 and mode["xla"]["executions"] == 6
+    assert mode["xla"]["kernels"] == sum(p.kernels * n for p, n in zip(programs, runs))
+    assert mode["xla"]["hbm_peak_bytes"] == max(c.memory["peak_memory_in_bytes"] for c in compiled)
+    expected = sum(p.estimated_cycles * n for p, n in zip(programs, runs)) / target.clock_hz
+    assert mode["xla"]["estimated_s"] == pytest.approx(expected, rel=1e-8)
+    assert 0 < mode["xla"]["model_s"] < mode["total_s"]
+    assert "TPU compiler (XLA): 2 compiled graphs, 6 executions" in done.stdout
+    assert "libtpu" not in done.stderr and "TPU_" not in done.stderr     # nothing of libtpu's start-up noise
+
+
+def test_compiler_model_leaves_the_programs_to_the_model_and_says_so(tmp_path):
+    done, report = run(tmp_path, "--compiler", "model")
+    mode = report["modes"]["strict"]
+    assert mode["compiler"] == "model"
+    assert mode["xla"]["fell_back"] == ["graph 0 (forward): --compiler model", "graph 1 (backward): --compiler model"]
+    assert "TPU compiler: not used (--compiler model)" in done.stdout

@@ -1,0 +1,149 @@
+"""StableHLO through the real TPU compiler, deviceless: XLA's program, cached on disk, or one line why not.
+
+Each compile runs ``python -m tpusim.xla.worker`` in a fresh process with the environment below: libtpu
+then never asks a cloud metadata server for its TPU (there is none), prints nothing, and a module it
+rejects (libtpu aborts the process on some) costs that process only. Results are cached by (module text,
+target, jax and libtpu versions) under ~/.cache/tpusim/xla, shared by every run and process: a program
+compiles once per machine. What cannot be compiled raises ``XlaUnavailable`` with the reason in words;
+callers fall back to tpusim's own model for that program and say so.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpusim.hardware.spec import ChipSpec
+from tpusim.output import write_atomic
+
+EXTRA_HINT = 'pip install -e ".[xla]"'
+TIMEOUT_S = 600.0                     # one compile; a GPT-3 175B block for 512 devices takes ~3 min here
+WORKER = "tpusim.xla.worker"
+# libtpu on a machine with no TPU (measured with jax 0.10.2, libtpu 0.0.52: with these, a compile prints
+# nothing and opens no connection; the accelerator type only quiets a warning, the program is the same for
+# any valid value)
+QUIET_ENV = {
+    "TPU_SKIP_MDS_QUERY": "1",                # never ask the cloud metadata server
+    "TPU_ACCELERATOR_TYPE": "v5p-16",         # any valid type: "could not determine TPU accelerator type"
+    "TPU_WORKER_HOSTNAMES": "localhost",      # "unexpected worker hostname" before InitGoogle
+    "TPU_WORKER_ID": "0",
+}
+
+
+def tpu_attached() -> bool:
+    """Whether this machine has TPU chips (TPU VMs expose them as /dev/accel* or /dev/vfio/<n>)."""
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def quiet_libtpu(environ: MutableMapping[str, str] = os.environ) -> None:
+    """With the xla extra installed on a machine without TPU chips, any jax in this process would find
+    libtpu, look for a TPU and print libtpu's warnings: the same settings as the compiles', where unset."""
+    if importlib.util.find_spec("libtpu") is not None and not tpu_attached():
+        for name, value in QUIET_ENV.items():
+            environ.setdefault(name, value)
+
+
+class XlaUnavailable(Exception):
+    """Why the TPU compiler did not price a program, in one line a user reads."""
+
+
+@dataclass(frozen=True)
+class XlaTarget:
+    """What a program is compiled for: libtpu's name of the slice, and how many devices share the program."""
+
+    chip: str
+    topology: str                      # "v5p:2x2x1"
+    partitions: int
+    clock_hz: float                    # XLA's estimated cycles are the chip's clock cycles
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """XLA's optimized, scheduled program and what the compiled executable says about it."""
+
+    hlo: str
+    memory: dict[str, int]             # the compiled memory stats: argument, output, temp, peak bytes
+    cost: dict[str, float]             # XLA's cost analysis: flops, bytes accessed, ...
+    compile_s: float                   # wall time of the compile (of the first one, when cached)
+    cached: bool = False
+
+
+def missing() -> str | None:
+    """Why the TPU compiler cannot run here, or None when it can."""
+    for package in ("jax", "libtpu"):
+        if importlib.util.find_spec(package) is None:
+            return f"the TPU compiler needs the xla extra ({EXTRA_HINT}): {package} is not installed"
+    return None
+
+
+def versions() -> str:
+    return ", ".join(f"{name} {importlib.metadata.version(name)}" for name in ("jax", "jaxlib", "libtpu"))
+
+
+def target_for(chip: ChipSpec, partitions: int = 1) -> XlaTarget:
+    """The smallest virtual slice of ``chip`` that holds ``partitions`` devices (one chip's program: one)."""
+    if not chip.xla_topology_name:
+        raise XlaUnavailable(f"the TPU compiler has no target for chip {chip.name} (its chip file names no "
+                             f"xla_topology_name)")
+    if partitions != 1:
+        raise XlaUnavailable("programs over several devices are not compiled yet (one device per program)")
+    shape = "2x2x1" if chip.torus_dims == 3 else "x".join("1" * chip.torus_dims)
+    return XlaTarget(chip.name, f"{chip.xla_topology_name}:{shape}", partitions, chip.clock_hz)
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tpusim" / "xla"
+
+
+def compile_stablehlo(text: str, target: XlaTarget, *, timeout_s: float = TIMEOUT_S) -> Compiled:
+    """XLA's program for the StableHLO module ``text`` on ``target``: from the cache, else compiled now."""
+    why = missing()
+    if why:
+        raise XlaUnavailable(why)
+    key = hashlib.sha256(f"{target.topology}|{target.partitions}|{versions()}\n{text}".encode()).hexdigest()
+    cached = cache_dir() / f"{key[:32]}.json"
+    try:
+        found = json.loads(cached.read_text())
+        return Compiled(found["hlo"], found["memory"], found["cost"], found["compile_s"], cached=True)
+    except (OSError, ValueError, KeyError):
+        pass                                            # not compiled on this machine yet (or unreadable)
+    result, seconds = _run_worker(text, target, timeout_s)
+    compiled = Compiled(result["hlo"], result["memory"], result["cost"], seconds)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cached, json.dumps({"hlo": compiled.hlo, "memory": compiled.memory, "cost": compiled.cost,
+                                         "compile_s": seconds}))
+    except OSError:                                     # a read-only home: compiled, just not kept
+        pass
+    return compiled
+
+
+def _run_worker(text: str, target: XlaTarget, timeout_s: float) -> tuple[dict, float]:
+    with tempfile.TemporaryDirectory(prefix="tpusim-xla-") as folder:
+        request, result = Path(folder) / "request.json", Path(folder) / "result.json"
+        request.write_text(json.dumps({"text": text, "topology": target.topology, "partitions": target.partitions}))
+        began = time.perf_counter()
+        try:
+            done = subprocess.run([sys.executable, "-m", WORKER, str(request), str(result)],
+                                  env={**os.environ, **QUIET_ENV}, capture_output=True, text=True,
+                                  timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise XlaUnavailable(f"the TPU compiler ran past {timeout_s:g} s") from None
+        seconds = time.perf_counter() - began
+        if done.returncode != 0 or not result.is_file():
+            lines = [line for line in done.stderr.splitlines() if line.strip()]
+            raise XlaUnavailable(f"the TPU compiler refused the program (exit {done.returncode}): "
+                                 f"{lines[-1][:300] if lines else 'no message'}")
+        return json.loads(result.read_text()), seconds

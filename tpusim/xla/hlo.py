@@ -1,0 +1,219 @@
+"""XLA's optimized, scheduled HLO text (what the TPU compiler returns) -> the facts tpusim prices by.
+
+Only the grammar XLA prints is read: computations (``ENTRY`` marks the program, ``is_scheduled`` makes
+text order the schedule), one instruction a line, each fusion's ``backend_config`` JSON with XLA's own
+``estimated_cycles`` and ``estimated_vmem_bytes``. A computation a fusion calls is inside that fusion;
+the others (the entry, while bodies, async wrappers) are scheduled. A while loop's body counts as many
+times as its condition's ``compare(i, constant(N)), direction=LT`` says.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+
+DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4, "u32": 4,
+               "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
+               "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3b11fnuz": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "token": 0}
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",
+               "collective-broadcast", "ragged-all-to-all")
+
+_COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s+\(.*\)\s+->\s+.*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s+=\s+(.*)$")
+_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([\d,]*)\]")
+_CALLS = re.compile(r"\bcalls=%?([\w.\-]+)")
+
+
+@dataclass(frozen=True)
+class Instruction:
+    name: str
+    opcode: str
+    shape: str
+    arguments: str                     # the text inside the opcode's parentheses ("4" for constant(4))
+    attributes: str
+    estimated_cycles: int | None = None
+    estimated_vmem_bytes: int | None = None
+
+    @property
+    def output_bytes(self) -> int:
+        return shape_bytes(self.shape)
+
+    @property
+    def operands(self) -> tuple[str, ...]:
+        return tuple(re.findall(r"%([\w.\-]+)", self.arguments))
+
+    def attribute(self, key: str) -> str | None:
+        found = re.search(rf"\b{key}=%?([\w.\-]+)", self.attributes)
+        return found.group(1) if found else None
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """One kernel XLA built: its name, kind (kLoop, kOutput, kInput, kCustom) and XLA's own estimates."""
+
+    name: str
+    kind: str
+    estimated_cycles: int
+    estimated_vmem_bytes: int
+    output_bytes: int
+    times: int = 1                     # runs per program execution (inside a while loop: its trip count)
+
+
+@dataclass(frozen=True)
+class XlaCollective:
+    """A collective as scheduled: synchronous, or a start/done pair with the cycles of what runs between."""
+
+    opcode: str
+    bytes: int
+    is_async: bool
+    overlapped_cycles: int = 0
+
+
+@dataclass(frozen=True)
+class XlaProgram:
+    fusions: tuple[Fusion, ...]
+    collectives: tuple[XlaCollective, ...]
+    other_cycles: int                  # scheduled non-fusion instructions with an estimate (copies, ...)
+
+    @property
+    def estimated_cycles(self) -> int:
+        """XLA's estimate of one execution: every kernel's cycles, loops counted, overlap not credited."""
+        return sum(f.estimated_cycles * f.times for f in self.fusions) + self.other_cycles
+
+    @property
+    def kernels(self) -> int:
+        return sum(f.times for f in self.fusions)
+
+
+def shape_bytes(shape: str) -> int:
+    """Bytes of an array or tuple shape, e.g. '(bf16[128,512]{1,0}, u32[])' (layout and tiling ignored)."""
+    return int(sum(math.prod(int(d) for d in dims.split(",") if d) * DTYPE_BYTES[dtype]
+                   for dtype, dims in _ARRAY.findall(shape) if dtype in DTYPE_BYTES))
+
+
+def _closing(text: str, start: int) -> int:
+    """The index just past the bracket that closes the one at ``start``."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return i + 1
+    raise ValueError(f"unbalanced parentheses in {text[:80]!r}")
+
+
+def _backend_config(attributes: str) -> dict:
+    at = attributes.find("backend_config=")
+    if at < 0:
+        return {}
+    raw = attributes[at + len("backend_config="):]
+    try:
+        value, _ = json.JSONDecoder().raw_decode(raw)
+        return json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        return {}
+
+
+def _find(config: object, key: str) -> object:
+    """``key``'s value anywhere in nested backend_config JSON."""
+    if isinstance(config, dict):
+        if key in config:
+            return config[key]
+        config = list(config.values())
+    if isinstance(config, list):
+        for item in config:
+            found = _find(item, key)
+            if found is not None:
+                return found
+    return None
+
+
+def parse_instruction(line: str) -> Instruction | None:
+    matched = _INSTRUCTION.match(line)
+    if not matched:
+        return None
+    name, rest = matched.groups()
+    if rest.startswith("("):
+        end = _closing(rest, 0)
+        shape, rest = rest[:end], rest[end:].lstrip()
+    else:
+        shape, _, rest = rest.partition(" ")
+    opcode = re.match(r"([\w\-]+)\(", rest)
+    if not opcode:
+        return None
+    end = _closing(rest, opcode.end() - 1)
+    config = _backend_config(rest[end:])
+    cycles, vmem = _find(config, "estimated_cycles"), _find(config, "estimated_vmem_bytes")
+    return Instruction(name, opcode.group(1), shape, rest[opcode.end():end - 1], rest[end:].split("backend_config=")[0],
+                       None if cycles is None else int(cycles), None if vmem is None else int(vmem))
+
+
+def computations(text: str) -> tuple[dict[str, list[Instruction]], str]:
+    """Each computation's instructions in text order, and the entry's name."""
+    found: dict[str, list[Instruction]] = {}
+    entry, current = "", None
+    for line in text.splitlines():
+        if current is None:
+            head = _COMPUTATION.match(line)
+            if head:
+                current = head.group(2)
+                found[current] = []
+                entry = current if head.group(1) else entry
+        elif line.startswith("}"):
+            current = None
+        else:
+            instruction = parse_instruction(line)
+            if instruction is not None:
+                found[current].append(instruction)
+    if not entry:
+        raise ValueError("no ENTRY computation in the HLO text")
+    return found, entry
+
+
+def _trip_count(condition: list[Instruction]) -> int:
+    """N of a loop condition ``compare(i, constant(N)), direction=LT``; 1 when the form is another."""
+    constants = {i.name: i.arguments.strip() for i in condition if i.opcode == "constant"}
+    for instruction in condition:
+        if instruction.opcode == "compare" and "direction=LT" in instruction.attributes:
+            for operand in instruction.operands:
+                if constants.get(operand, "").isdigit():
+                    return int(constants[operand])
+    return 1
+
+
+def parse_program(text: str) -> XlaProgram:
+    """The fusions, collectives and estimated cycles of XLA's scheduled program ``text``."""
+    comps, entry = computations(text)
+    fusions: list[Fusion] = []
+    collectives: list[XlaCollective] = []
+    other = 0
+
+    def walk(name: str, times: int, seen: tuple[str, ...]) -> None:
+        nonlocal other
+        if name not in comps or name in seen:
+            return
+        body = comps[name]
+        position = {i.name: k for k, i in enumerate(body)}
+        for k, instruction in enumerate(body):
+            op = instruction.opcode
+            if op == "fusion":
+                fusions.append(Fusion(instruction.name, instruction.attribute("kind") or "",
+                                      instruction.estimated_cycles or 0, instruction.estimated_vmem_bytes or 0,
+                                      instruction.output_bytes, times))
+            elif instruction.estimated_cycles is not None:
+                other += instruction.estimated_cycles * times
+            if op in COLLECTIVES:
+                collectives.extend([XlaCollective(op, instruction.output_bytes, False)] * times)
+            elif op.endswith("-done") and op[:-5] in COLLECTIVES and instruction.operands:
+                start = position.get(instruction.operands[0], k)
+                between = sum(i.estimated_cycles or 0 for i in body[start + 1:k])
+                collectives.extend([XlaCollective(op[:-5], instruction.output_bytes, True, between)] * times)
+            if op == "while":
+                loop_body, condition = instruction.attribute("body"), instruction.attribute("condition")
+                walk(loop_body, times * _trip_count(comps.get(condition, [])), (*seen, name))
+            elif op in ("call", "conditional", "async-start") and instruction.attribute("calls"):
+                walk(instruction.attribute("calls"), times, (*seen, name))
+
+    walk(entry, 1, ())
+    return XlaProgram(tuple(fusions), tuple(collectives), other)

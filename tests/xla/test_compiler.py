@@ -62,7 +62,7 @@ def test_tpusim_compiles_what_jax_compiles(chip, tmp_path):
     compiled = compile_stablehlo(truth["stablehlo"], target)
     program = parse_program(compiled.hlo)
     cycles = entry_fusions(truth["hlo"])
-    assert len(program.fusions) == len(cycles) >= 2
+    assert len(program.fusions) == len(cycles) >= 1
     assert sorted(f.estimated_cycles for f in program.fusions) == sorted(cycles)
     assert compiled.memory["peak_memory_in_bytes"] == truth["peak"]
     again = compile_stablehlo(truth["stablehlo"], target)            # the disk cache answers the second time

@@ -38,7 +38,10 @@ QUIET_ENV = {
     "TPU_ACCELERATOR_TYPE": "v5p-16",         # any valid type: "could not determine TPU accelerator type"
     "TPU_WORKER_HOSTNAMES": "localhost",      # "unexpected worker hostname" before InitGoogle
     "TPU_WORKER_ID": "0",
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",        # libtpu's one-process lock guards chips; a deviceless compile has none
 }
+# the process that runs the script: JAX on its CPU (JAX would otherwise load libtpu, look for a TPU, warn)
+PROCESS_ENV = {**QUIET_ENV, "JAX_PLATFORMS": "cpu"}
 
 
 def tpu_attached() -> bool:
@@ -48,9 +51,9 @@ def tpu_attached() -> bool:
 
 def quiet_libtpu(environ: MutableMapping[str, str] = os.environ) -> None:
     """With the xla extra installed on a machine without TPU chips, any jax in this process would find
-    libtpu, look for a TPU and print libtpu's warnings: the same settings as the compiles', where unset."""
+    libtpu, look for a TPU and print libtpu's warnings: JAX on the CPU and libtpu quiet, where unset."""
     if importlib.util.find_spec("libtpu") is not None and not tpu_attached():
-        for name, value in QUIET_ENV.items():
+        for name, value in PROCESS_ENV.items():
             environ.setdefault(name, value)
 
 

@@ -40,7 +40,7 @@ def xla_section(estimates: XlaEstimates, timeline: Timeline, trace: Trace) -> di
 def xla_lines(report: Report) -> list[str]:
     """The terminal's lines about the TPU compiler (none for a run without compiled programs): XLA's
     estimate beside tpusim's for the fastest mode, or, once, why the compiler priced nothing."""
-    from tpusim.units import format_seconds
+    from tpusim.units import format_bytes, format_seconds
 
     modes = {name: mode for name, mode in report.modes.items() if mode.xla is not None}
     if not modes:
@@ -51,6 +51,6 @@ def xla_lines(report: Report) -> list[str]:
         return [f"TPU compiler: not used ({xla.fell_back[0].split(': ', 1)[-1] if xla.fell_back else 'no program'})"]
     lines = [f"TPU compiler (XLA): {xla.programs} compiled graph{'s' if xla.programs != 1 else ''}, "
              f"{xla.executions} executions, {xla.kernels} kernels: XLA estimates {format_seconds(xla.estimated_s)}, "
-             f"tpusim priced {format_seconds(xla.model_s)} ({name}); HBM peak {xla.hbm_peak_bytes / 2**20:.3g} MiB"]
+             f"tpusim priced {format_seconds(xla.model_s)} ({name}); HBM peak {format_bytes(xla.hbm_peak_bytes)}"]
     lines += [f"  fell back to the model: {why}" for why in xla.fell_back]
     return lines

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import stat
+import sys
 import threading
 from pathlib import Path
 
@@ -141,7 +142,8 @@ def test_ctrl_c_during_pricing_reports_what_was_priced(tmp_path, capsys):
     stopped, report = price_and_report(tmp_path, ["debug", "strict", "fused"], interrupt_at_mode=1)
     assert stopped and list(report.modes) == ["debug"]
     assert report.complete is False and report.exit_code == 0
-    assert report.to_dict()["interrupted"] == {"script": False, "pricing": True, "not_priced": ["strict", "fused"]}
+    assert report.to_dict()["interrupted"] == {"script": False, "pricing": True, "not_priced": ["strict", "fused"],
+                                                "by": "Ctrl-C"}
     out = capsys.readouterr().out
     assert "INCOMPLETE: Ctrl-C stopped pricing (strict, fused not priced)" in out
     assert (tmp_path / "report.html").is_file() and (tmp_path / "program.jsonl").is_file()
@@ -168,7 +170,8 @@ def test_a_script_stopped_by_ctrl_c_is_reported_as_interrupted(tmp_path, capsys)
     outcome = ScriptOutcome(exit_code=130, error="KeyboardInterrupt\n", error_type="KeyboardInterrupt")
     stopped, report = price_and_report(tmp_path, ["strict"], interrupt_at_mode=None, outcome=outcome)
     assert not stopped and report.exit_code == 130 and list(report.modes) == ["strict"]
-    assert report.to_dict()["interrupted"] == {"script": True, "pricing": False, "not_priced": []}
+    assert report.to_dict()["interrupted"] == {"script": True, "pricing": False, "not_priced": [],
+                                                "by": "Ctrl-C"}
     assert "INCOMPLETE: Ctrl-C stopped the script;" in capsys.readouterr().out
 
 
@@ -211,3 +214,15 @@ def test_a_run_with_no_ops_draws_its_figures_without_warnings(tmp_path, recwarn)
     write_report(tmp_path, build_report(RunInfo("empty.py"), Trace(records=()), slice_, timelines), timelines)
     assert (tmp_path / "breakdown.png").is_file()
     assert not [str(w.message) for w in recwarn], "matplotlib warned (e.g. an empty legend)"
+
+
+def test_sigterm_during_pricing_stops_it_as_ctrl_c_does(tmp_path, capsys, monkeypatch):
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        monkeypatch.setattr(sys.modules[__name__], "ctrl_c", lambda: os.kill(os.getpid(), signal.SIGTERM))
+        stopped, report = price_and_report(tmp_path, ["debug", "strict", "fused"], interrupt_at_mode=1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped and list(report.modes) == ["debug"]
+    assert report.interrupted.by == "SIGTERM" and report.interrupted.pricing is True
+    assert "INCOMPLETE: SIGTERM stopped pricing (strict, fused not priced)" in capsys.readouterr().out

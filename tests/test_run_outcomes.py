@@ -14,8 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def tpusim(*argv: str, **popen) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tpusim", *argv], cwd=ROOT, capture_output=True, text=True,
+def tpusim(*argv: str, cwd: Path = ROOT, **popen) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tpusim", *argv], cwd=cwd, capture_output=True, text=True,
                           timeout=600, **popen)
 
 
@@ -108,3 +108,36 @@ def test_a_run_on_a_faulted_slice_reports_its_slowdown_against_the_healthy_one(t
     strict = faults["modes"]["strict"]
     assert strict["total_s"] > strict["healthy_total_s"] and strict["slowdown"] > 1    # the 16 MB all-reduce detours
     assert "on the healthy slice" in done.stdout
+
+
+def test_a_script_that_changes_folder_keeps_its_report_where_out_said(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    body = f"import os\nos.chdir({str(elsewhere)!r})\n"
+    result = tpusim("run", script(tmp_path, body), "--quiet", "--out", "out", cwd=tmp_path)   # a relative --out
+    assert result.returncode == 0, result.stderr
+    assert report_of(tmp_path / "out")["complete"] is True
+    assert not (elsewhere / "out").exists()
+    assert f"report: {tmp_path / 'out'}/report.html" in result.stdout
+
+
+def test_sigterm_while_the_script_runs_writes_the_report_of_what_was_recorded(tmp_path):
+    """What a cancelled CI job, `timeout` or `docker stop` sends: the script stops as at Ctrl-C, what it
+    recorded is priced and written, marked as stopped by SIGTERM; the exit status is the shell's 143."""
+    started = tmp_path / "started"
+    body = (f"import pathlib, time\nfor _ in range(3):\n    y = (x @ x).sum()\npathlib.Path({str(started)!r}).touch()\n"
+            f"while True:\n    time.sleep(0.05)\n")
+    out = tmp_path / "out"
+    run = subprocess.Popen([sys.executable, "-m", "tpusim", "run", script(tmp_path, body), "--quiet", "--out",
+                            str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not started.exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    run.send_signal(signal.SIGTERM)
+    stdout, stderr = run.communicate(timeout=600)
+    assert run.returncode == 143, stderr
+    assert "Traceback" not in stderr
+    report = report_of(out)
+    assert report["interrupted"] == {"script": True, "pricing": False, "not_priced": [], "by": "SIGTERM"}
+    assert report["exit_code"] == 143 and report["program"]["ops"] >= 4
+    assert "INCOMPLETE: SIGTERM stopped the script" in stdout

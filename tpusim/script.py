@@ -4,15 +4,19 @@
 script and its arguments, ``sys.path[0]`` its folder, ``__name__ == "__main__"``. An
 exception in the script is returned as the user's traceback (frames from tpusim and
 runpy removed), never raised through our internals, so the caller can still write a
-partial report.
+partial report. SIGTERM and SIGHUP (``signals_stop_the_script``) stop a script as Ctrl-C does.
 """
 
 from __future__ import annotations
 
 import os
 import runpy
+import signal
 import sys
+import threading
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +29,38 @@ def _our_paths() -> tuple[str, ...]:
 
 
 _OUR_PATHS = _our_paths()
+
+
+# what a cancelled CI job, docker stop, Slurm or a closed terminal send (Ctrl-C is SIGINT's KeyboardInterrupt)
+STOP_SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
+
+
+class Signalled(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while the script ran: it stops like Ctrl-C, so what was recorded is still priced."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(STOP_SIGNALS.get(signum, f"signal {signum}"))
+        self.signum = signum
+
+
+@contextmanager
+def signals_stop_the_script() -> Iterator[None]:
+    """While the script runs, SIGTERM and SIGHUP raise ``Signalled`` in it (main thread only; a signal
+    ignored on purpose stays ignored); the previous handlers are back after."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in STOP_SIGNALS:
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                previous[signum] = signal.signal(signum, _raise_signalled)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _raise_signalled(signum: int, frame: object) -> None:
+    raise Signalled(signum)
 
 
 @dataclass(frozen=True)
@@ -67,6 +103,8 @@ def run_script(path: str | Path, argv: list[str]) -> ScriptOutcome:
         if stop.code is not None and not isinstance(stop.code, int):
             print(stop.code, file=sys.stderr)
         return ScriptOutcome(exit_code=code)
+    except Signalled as stop:           # as the shell reports a process a signal ended: 128 + the signal
+        return ScriptOutcome(exit_code=128 + stop.signum, error=f"{stop}\n", error_type=str(stop))
     except KeyboardInterrupt:
         return ScriptOutcome(exit_code=130, error="KeyboardInterrupt\n", error_type="KeyboardInterrupt")
     except BaseException as error:  # the user's exception, whatever it is

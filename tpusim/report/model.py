@@ -21,9 +21,10 @@ when it compares a version 3 report with an older one::
                                was interrupted and every mode asked for was priced
     error                      {type, traceback} when the script raised, else null
     exit_code                  the script's exit status, as `python script.py` would give it (0; 1 when it
-                               raised; N for sys.exit(N); 130 when Ctrl-C stopped it)
-    interrupted                null, or what Ctrl-C stopped: {script, pricing (true/false), not_priced
-                               [modes asked for but not priced]}; the report covers what was done before
+                               raised; N for sys.exit(N); 130 when Ctrl-C stopped it, 143 SIGTERM, 129 SIGHUP)
+    interrupted                null, or what Ctrl-C, SIGTERM or SIGHUP stopped: {script, pricing (true/false),
+                               not_priced [modes asked for but not priced], by ("Ctrl-C", "SIGTERM", "SIGHUP")};
+                               the report covers what was done before
     recording_stopped          null, or the record budget stopped recording (TPUSIM_MAX_RECORDS, --max-records):
                                {after_step (0: before any step: the trace is the program's first `records`
                                records, "whole program (partial)"), steps (all the script ran, counted after
@@ -147,11 +148,12 @@ DEVICE_TERMS = ("mxu", "vpu", "transcendental", "hbm", "sparsecore", "launch")
 
 @dataclass(frozen=True)
 class Interrupted:
-    """What Ctrl-C stopped in a run (report.json's ``interrupted``)."""
+    """What Ctrl-C (or SIGTERM, SIGHUP) stopped in a run (report.json's ``interrupted``)."""
 
-    script: bool = False                # the script itself (its exit status is then 130)
+    script: bool = False                # the script itself (its exit status is then 130; 143 for SIGTERM)
     pricing: bool = False               # pricing: the modes in ``not_priced`` were never priced
     not_priced: tuple[str, ...] = ()
+    by: str = "Ctrl-C"                  # what stopped it: "Ctrl-C", "SIGTERM" or "SIGHUP"
 
 
 @dataclass(frozen=True)
@@ -249,14 +251,14 @@ def incomplete_reason(report: Report) -> str | None:
     reasons = []
     interrupted, error, code = report.interrupted, report.error, report.exit_code
     if interrupted is not None and interrupted.script:
-        reasons.append("Ctrl-C stopped the script")
+        reasons.append(f"{interrupted.by} stopped the script")
     elif error is not None and error.type:
         reasons.append(f"the script raised {error.type}")
     elif code:
         reasons.append(f"the script exited with status {code}")
     if interrupted is not None and interrupted.pricing:
         not_priced = ", ".join(interrupted.not_priced)
-        reasons.append("Ctrl-C stopped pricing" + (f" ({not_priced} not priced)" if not_priced else ""))
+        reasons.append(f"{interrupted.by} stopped pricing" + (f" ({not_priced} not priced)" if not_priced else ""))
     return "; ".join(reasons) or "the run did not finish"
 
 

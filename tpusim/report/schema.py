@@ -66,6 +66,7 @@ class InterruptedInfo(Part):
     script: bool
     pricing: bool
     not_priced: list[str]
+    by: str = "Ctrl-C"                  # versions before it say nothing: Ctrl-C was the only way
 
 
 class RankStoppedInfo(Part):

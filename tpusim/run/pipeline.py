@@ -30,6 +30,7 @@ from tpusim.report.measured import JaxDevice
 from tpusim.run.measure import INTERRUPTED
 from tpusim.run.options import RunOptions
 from tpusim.run.progress import Progress
+from tpusim.script import STOP_SIGNALS, signals_stop_the_script
 
 if TYPE_CHECKING:
     from tpusim.report import Measured
@@ -89,7 +90,8 @@ def run_pipeline(options: RunOptions) -> RunResult:
         parse_placement_text(options.placement, slice_)
     claim = _claim_out_dir(options.out, script, slice_.spec)  # a folder we can write, and no other run writing it
     try:
-        return _record_and_report(options, script, slice_, device, chip_from, claim.folder, progress)
+        # absolute from here on: a script that calls os.chdir() must not move its report (issue 32)
+        return _record_and_report(options, script, slice_, device, chip_from, claim.folder.absolute(), progress)
     finally:
         claim.release()
 
@@ -137,7 +139,8 @@ def _record_and_report(options: RunOptions, script: Path, slice_, device: JaxDev
         with backend.recording(max_records=options.max_records) as recorder:
             progress.track(f"recording {script.name}", lambda: len(recorder.records), unit="records")
             try:
-                outcome = run_script(script, list(options.script_args))
+                with signals_stop_the_script():     # SIGTERM, SIGHUP: the script stops as at Ctrl-C
+                    outcome = run_script(script, list(options.script_args))
             finally:
                 progress.stop()
         trace = runner.ranks_one_meta(dataclasses.replace(recorder.trace, world_size=slice_.total_chips))
@@ -245,40 +248,47 @@ def _import_backend():
 
 
 class Interrupts:
-    """Ctrl-C once the script has ended: pressed while ``stoppable`` work runs (pricing, placements, measuring)
-    it stops that work and the report covers what was done; pressed at any other time (writing the report)
-    it prints one line and no stoppable work starts after it; so any number of presses never loses the
-    report. Python's own handler is back on exit. (While the script runs, Ctrl-C is the script's:
-    tpusim/script.py.)"""
+    """Ctrl-C (or SIGTERM, SIGHUP: a cancelled CI job, docker stop, Slurm) once the script has ended: while
+    ``stoppable`` work runs (pricing, placements, measuring) it stops that work and the report covers what
+    was done; at any other time (writing the report) it prints one line and no stoppable work starts after
+    it; so any number of signals never loses the report. The previous handlers are back on exit. (While the
+    script runs, the signals are the script's: tpusim/script.py.)"""
+
+    SIGNALS = {signal.SIGINT: "Ctrl-C", **STOP_SIGNALS}
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
-        self.stopped = False                # Ctrl-C stopped some work
+        self.stopped = False                # a signal stopped some work
+        self.by = "Ctrl-C"                  # the first signal that did
         self._stoppable = False
         self._told = False
-        self._previous = None
+        self._previous: dict[int, object] = {}
 
     def __enter__(self) -> Interrupts:
-        # not outside the main thread (Python delivers signals there only), nor where Ctrl-C is ignored on
+        # not outside the main thread (Python delivers signals there only), nor for a signal ignored on
         # purpose (started with SIGINT ignored: nohup, a background job of a script)
-        if (threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):
-            self._previous = signal.signal(signal.SIGINT, self._pressed)
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                if signal.getsignal(signum) is not signal.SIG_IGN:
+                    self._previous[signum] = signal.signal(signum, self._pressed)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
 
     def _pressed(self, signum: int, frame: object) -> None:
+        if not self.stopped:
+            self.by = self.SIGNALS[signum]
         if self._stoppable:
             self._stoppable = False
             self.stopped = True
             raise KeyboardInterrupt
-        self.stopped = True                 # no stoppable work starts after this press
+        self.stopped = True                 # no stoppable work starts after this signal
         if not self._told:
             self._told = True
-            print("\ntpusim: Ctrl-C: writing the report of what was done first (Ctrl-C again changes nothing)",
+            name = self.SIGNALS[signum]
+            print(f"\ntpusim: {name}: writing the report of what was done first ({name} again changes nothing)",
                   file=sys.stderr, flush=True)
 
     def stoppable(self, work: Callable[[], None]) -> bool:
@@ -340,8 +350,10 @@ def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version
             nonlocal measured
             measured = measure()
         interrupts.stoppable(run_measured)
-    script_stopped = outcome.error_type == "KeyboardInterrupt"
-    interrupted = (Interrupted(script=script_stopped, pricing=not priced,
+    script_by = {"KeyboardInterrupt": "Ctrl-C", **{name: name for name in STOP_SIGNALS.values()}}
+    script_stopped = outcome.error_type in script_by
+    by = script_by[outcome.error_type] if script_stopped else interrupts.by
+    interrupted = (Interrupted(script=script_stopped, pricing=not priced, by=by,
                                not_priced=tuple(m for m in options.mode_names if m not in timelines))
                    if script_stopped or not priced else None)
     info = RunInfo(script=options.script, argv=options.script_args, topology=slice_.spec,

@@ -10,10 +10,13 @@ from __future__ import annotations
 import socket
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def loopback_listener() -> socket.socket:
+    """A listening socket on 127.0.0.1 for the launcher's store (a TCPStore given no socket binds every
+    interface, so anyone on the network could write the ranks' rendezvous and the run's diagnosis)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    return listener
 
 
 def torchrun_env(rank: int, world: int, chips_per_host: int, mode: str, port: int) -> dict[str, str]:

@@ -28,7 +28,7 @@ from typing import TextIO
 
 import torch.distributed as dist
 
-from tpusim.backend.distributed.env import free_port, torchrun_env
+from tpusim.backend.distributed.env import loopback_listener, torchrun_env
 
 GRACE_S = 10.0
 
@@ -76,9 +76,10 @@ def launch(script: str | Path, argv: list[str], world: int, chips_per_host: int,
     """Run ``script`` as ``world`` rank processes; return how each ended and where its trace is."""
     out = stream or sys.stdout
     out_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    listener = loopback_listener()
+    port = listener.getsockname()[1]
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=60))
+                          timeout=timedelta(seconds=60), master_listen_fd=listener.fileno())
     control = dist.PrefixStore("tpusim-control/", store)
     lock = threading.Lock()
     procs, readers, traces = [], [], []
@@ -107,6 +108,7 @@ def launch(script: str | Path, argv: list[str], world: int, chips_per_host: int,
     if control.check(["diagnosis"]):
         result.diagnosis = control.get("diagnosis").decode()
     del store
+    listener.close()
     return result
 
 

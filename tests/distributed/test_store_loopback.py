@@ -1,0 +1,36 @@
+"""`--ranks all`'s store listens on the loopback interface only (issue 32): a TCPStore given no socket of its
+own binds every interface, and a peer on the network could then write the ranks' rendezvous and the run's
+diagnosis. The truth is the kernel's table of listening sockets, read by a rank while the store is up."""
+
+from __future__ import annotations
+
+import pytest
+from factories import launch_ranks
+
+pytestmark = pytest.mark.distributed
+
+SCRIPT = """
+import os
+import torch.distributed as dist
+dist.init_process_group("tpusim")
+port = int(os.environ["MASTER_PORT"])
+listening = []
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for line in open(table).read().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.rsplit(":", 1)
+        if state == "0A" and int(hex_port, 16) == port:
+            listening.append(address)
+if dist.get_rank() == 0:
+    print("STORE", ",".join(listening))
+dist.destroy_process_group()
+"""
+
+
+def test_the_store_of_a_multi_rank_run_listens_on_loopback_only(tmp_path):
+    script = tmp_path / "store.py"
+    script.write_text(SCRIPT)
+    result, _, output = launch_ranks(script, 2, tmp_path)
+    assert result.exit_codes == [0, 0], output
+    line = next(line for line in output.splitlines() if "STORE " in line)
+    assert line.split("STORE ", 1)[1] == "0100007F", line          # 127.0.0.1 in /proc's byte order, nothing else

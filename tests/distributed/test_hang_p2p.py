@@ -71,7 +71,8 @@ def test_a_peer_still_computing_is_waited_for_and_said_not_to_be_a_deadlock(tmp_
 
 
 def test_ctrl_c_stops_every_rank_and_keeps_their_traces(tmp_path):
-    code = ("import sys, torch; from pathlib import Path\n"
+    code = ("import signal, sys, torch; from pathlib import Path\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"   # a terminal's Ctrl-C, however pytest started
             "from tpusim.backend.distributed.launcher import launch\n"
             f"r = launch(Path({str(SCRIPTS / 'forever.py')!r}), [], 2, 4, Path({str(tmp_path)!r}))\n"
             "print('RESULT', r.interrupted, r.exit_codes, r.summary(), flush=True)\n")

@@ -9,12 +9,14 @@ those changes; later imports load the cached library directly (no compiler, no n
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.machinery
 import importlib.util
 import os
 import sys
 import sysconfig
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -63,16 +65,24 @@ def load() -> ModuleType:
     done_marker = build_dir / "ok"
     if library.exists() and done_marker.exists():
         return _import_file(name, library)
-    return _build(name, build_dir, done_marker)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    # one build at a time (pytest -n, --ranks all): the others wait, then load it (torch's own baton is "lock")
+    with open(build_dir / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if library.exists() and done_marker.exists():
+            return _import_file(name, library)
+        return _build(name, build_dir, done_marker)
 
 
 def _build(name: str, build_dir: Path, done_marker: Path) -> ModuleType:
     from torch.utils import cpp_extension  # only when building: it pulls in setuptools, slow at `import torch`
 
-    build_dir.mkdir(parents=True, exist_ok=True)
     log = build_dir / "build.log"
-    print("tpusim: compiling the tpu device shim (first use, ~1 min)...", end="", file=sys.stderr, flush=True)
+    print("tpusim: compiling the tpu device shim, once per torch version (1-2 min on 2 idle cores)...", end="",
+          file=sys.stderr, flush=True)
     start = time.perf_counter()
+    ticking = threading.Event()
+    threading.Thread(target=_tick, args=(ticking, start), daemon=True).start()
     try:
         module = cpp_extension.load(
             name=name,
@@ -83,6 +93,7 @@ def _build(name: str, build_dir: Path, done_marker: Path) -> ModuleType:
             verbose=False,
         )
     except Exception as err:  # compiler missing, headers mismatch, ...
+        ticking.set()
         log.write_text(f"{type(err).__name__}: {err}\n")
         print(" failed", file=sys.stderr, flush=True)
         compiler = os.environ.get("CXX", "c++")
@@ -92,6 +103,13 @@ def _build(name: str, build_dir: Path, done_marker: Path) -> ModuleType:
             f"Build log: {log}. Fix: install a C++17 compiler (gcc >= 9) and ninja, or point CXX at one; "
             f"set TORCH_EXTENSIONS_DIR to build elsewhere. First errors:\n" + "\n".join(errors)
         ) from err
+    ticking.set()
     done_marker.write_text(f"built in {time.perf_counter() - start:.1f} s\n")
     print(f" done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     return module
+
+
+def _tick(done: threading.Event, start: float) -> None:
+    """The elapsed time every 15 s while the shim compiles, so a long first build is not a silent one."""
+    while not done.wait(15.0):
+        print(f" {time.perf_counter() - start:.0f} s...", end="", file=sys.stderr, flush=True)

@@ -96,7 +96,7 @@ def test_jax_device_kind_maps_to_the_tpusim_chip(kind, chip):
 
 
 @pytest.mark.parametrize("jax_installed, extra, message", [
-    (False, [], 'pip install -e ".[pjrt]"'),
+    (False, [], 'pip install "jax[cpu]==0.10.2"'),
     (True, ["--numerics", "off"], "--target pjrt needs --numerics on"),
 ])
 def test_target_pjrt_fails_early_with_one_line(monkeypatch, capsys, jax_installed, extra, message):

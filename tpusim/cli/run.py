@@ -26,7 +26,7 @@ examples:
   python -m tpusim run examples/dlrm.py --chip v5e --topology 2d:4x4 --out reports/dlrm-v5e
   python -m tpusim run examples/mlp.py --target pjrt --mode all # also run each mode for real through JAX
 
---target pjrt (needs pip install -e ".[pjrt]"): after pricing, each mode runs the script for real
+--target pjrt: after pricing, each mode runs the script for real
 on JAX's default device (a TPU where JAX sees one, else its CPU or GPU), in a fresh process with
 TPUSIM_TARGET=pjrt and nothing recorded; the report's `measured` section and the summary set its
 wall time per step beside the prediction. On a TPU the prediction is for that chip (unless --chip);

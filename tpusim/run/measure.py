@@ -31,7 +31,7 @@ from tpusim.hardware.spec import ChipSpec
 from tpusim.report.measured import JaxDevice, ModeRun
 
 WORKER = "tpusim.backend.measure_worker"
-INSTALL_HINT = 'pip install -e ".[pjrt]"'
+INSTALL_HINT = 'pip install "jax[cpu]==0.10.2" (tpusim installs it: reinstall with pip install -e .)'
 INTERRUPTED = 130                      # the exit code of a run stopped by Ctrl-C (as the shell reports it)
 TIMED_OUT = 124                        # the exit code of a run stopped by --pjrt-timeout (as timeout(1) reports it)
 STOP_GRACE_S = 10.0                    # how long a stopped worker gets to write its file before it is killed
@@ -41,7 +41,7 @@ _PROBE = ("import json, jax; d = jax.devices()[0]; print(json.dumps({'platform':
 
 
 def require_jax() -> None:
-    """Fail before anything runs when the pjrt extra is missing: one line that says how to install it."""
+    """Fail before anything runs when JAX is missing (a broken install): one line that says how to install it."""
     if not _jax_installed():
         raise TpusimError(f"--target pjrt runs the script through JAX, which is not installed: "
                           f"{INSTALL_HINT}")

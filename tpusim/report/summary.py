@@ -82,11 +82,15 @@ def headline_rows(modes: Modes, names: list[str]) -> list[tuple[str, list[str]]]
     return rows
 
 
+TOTALS = "whole-program totals:"      # a divider row: host dispatch above a step time is no contradiction
+
+
 def mode_rows(modes: Modes, names: list[str], partial: bool = False) -> list[tuple[str, list[str]]]:
     """Every row of the per-mode table, as text: the terminal summary and report.html show the same rows."""
     return [
         *step_rows(modes, names, partial),
         *headline_rows(modes, names),
+        (TOTALS, [""] * len(names)),      # the rows above are per step (steady state), those below whole-program
         ("kernels", [str(modes[m].kernels) for m in names]),
         ("host dispatch", [seconds_text(modes[m].host_s.dispatch) for m in names]),
         ("host stall", [seconds_text(modes[m].host_s.stall) for m in names]),
@@ -154,7 +158,7 @@ def _columns(names: list[str], rows: list[tuple[str, list[str]]], title: str = "
     label_width = max(len(title), *(len(label) for label, _ in rows))
     widths = [max(len(m), *(len(values[i]) for _, values in rows)) for i, m in enumerate(names)]
     lines = [title.ljust(label_width) + "  " + "  ".join(m.rjust(w) for m, w in zip(names, widths))]
-    return lines + [label.ljust(label_width) + "  " + "  ".join(v.rjust(w) for v, w in zip(values, widths))
+    return lines + [(label.ljust(label_width) + "  " + "  ".join(v.rjust(w) for v, w in zip(values, widths))).rstrip()
                     for label, values in rows]
 
 

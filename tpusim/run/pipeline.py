@@ -33,8 +33,11 @@ from tpusim.run.progress import Progress
 from tpusim.script import STOP_SIGNALS, signals_stop_the_script
 
 if TYPE_CHECKING:
+    from tpusim.hardware.spec import ChipSpec
     from tpusim.report import Measured
     from tpusim.report.schema import Report
+    from tpusim.trace.records import Trace
+    from tpusim.xla.programs import XlaEstimates
 
 
 @dataclass(frozen=True)
@@ -385,7 +388,7 @@ def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version
     return report, measured, not priced
 
 
-def _xla_estimates(trace, chip, compiler: str, progress: Progress):
+def _xla_estimates(trace: Trace, chip: ChipSpec, compiler: str, progress: Progress) -> XlaEstimates | None:
     """The TPU compiler's estimate of the trace's torch.compile graphs (None without any), or why not."""
     from tpusim.xla.compiler import missing
     from tpusim.xla.programs import XlaEstimates, estimate_programs, use_compiler

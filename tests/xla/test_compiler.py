@@ -8,6 +8,7 @@ function's StableHLO text: the same fusions, XLA's same estimated cycles, the sa
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -41,7 +42,7 @@ json.dump({"stablehlo": lowered.as_text(), "hlo": compiled.as_text(),
 def jax_compile(topology: str, tmp_path) -> dict:
     out = tmp_path / "jax.json"
     done = subprocess.run([sys.executable, "-c", JAX_SIDE, topology, str(out)], capture_output=True, text=True,
-                          timeout=600, env={**__import__("os").environ, **QUIET_ENV})
+                          timeout=600, env={**os.environ, **QUIET_ENV})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stderr == "", done.stderr           # the quiet settings leave libtpu nothing to say
     return json.loads(out.read_text())

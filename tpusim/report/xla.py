@@ -8,6 +8,7 @@ from typing import Any
 from tpusim.pricing.timeline import Timeline
 from tpusim.report.schema import Report
 from tpusim.trace.records import OpRecord, Trace
+from tpusim.units import format_bytes, format_seconds
 from tpusim.xla.programs import XlaEstimates
 
 
@@ -40,8 +41,6 @@ def xla_section(estimates: XlaEstimates, timeline: Timeline, trace: Trace) -> di
 def xla_lines(report: Report) -> list[str]:
     """The terminal's lines about the TPU compiler (none for a run without compiled programs): XLA's
     estimate beside tpusim's for the fastest mode, or, once, why the compiler priced nothing."""
-    from tpusim.units import format_bytes, format_seconds
-
     modes = {name: mode for name, mode in report.modes.items() if mode.xla is not None}
     if not modes:
         return []

@@ -82,10 +82,6 @@ class RunOptions:
         return [*command, "--", *self.script_args] if self.script_args else command
 
 
-def modes_of(text: str | EagerMode | tuple[EagerMode, ...]) -> tuple[EagerMode, ...]:
-    """'strict', 'debug,fused' or 'all' -> the modes, in order (an ``EagerMode`` or a tuple of them passes)."""
-    if isinstance(text, EagerMode):
-        return (text,)
-    if isinstance(text, tuple):
-        return text
+def modes_of(text: str) -> tuple[EagerMode, ...]:
+    """'strict', 'debug,fused' or 'all' -> the modes, in order (unknown names are refused)."""
     return tuple(get_mode(name) for name in resolve_modes(text))

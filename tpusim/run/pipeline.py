@@ -70,8 +70,9 @@ def run_pipeline(options: RunOptions) -> RunResult:
     if options.compiler == "xla":
         from tpusim.xla.compiler import missing
 
-        if missing():                            # asked for by name: say so before the script runs
-            raise TpusimError(f"--compiler xla: {missing()}")
+        why = missing()
+        if why:                                  # asked for by name: say so before the script runs
+            raise TpusimError(f"--compiler xla: {why}")
     envvars.check(skip=("TPUSIM_CHIP", "TPUSIM_NUMERICS"))   # before the device loads (run sets these two)
     progress = Progress(options.quiet)
     device = _jax_device(options, progress) if options.target == "pjrt" else None

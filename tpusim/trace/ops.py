@@ -270,8 +270,7 @@ def op_cost(name: str, ins: Sequence[Any], outs: Sequence[Any], args: tuple) -> 
             work = row.rule(ins, outs, args)
         except (AttributeError, IndexError, TypeError, ValueError):
             return OpCost(row.family)        # no counted work: fusion runs it alone
-        return OpCost(row.family, work.flops, work.transcendentals, work.matmul, work.bytes_read, work.bytes_written,
-                    work.dtype)
+        return OpCost(row.family, **vars(work))     # a rule's Work is the cost but for the row's family
     return counted_cost(name, tuple(rules.numel(t) for t in ins),
                         tuple(rules.numel(t) for t in outs if t is not None))
 

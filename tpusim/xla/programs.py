@@ -55,14 +55,18 @@ def use_compiler(choice: str) -> bool:
 def estimate_programs(trace: Trace, chip: ChipSpec,
                       progress: Callable[[str], None] | None = None) -> XlaEstimates:
     """Compile each of the trace's graphs for ``chip`` (cached) and read XLA's estimate of it."""
+    modules = trace.meta.xla_modules or ()
+    try:
+        target = target_for(chip)
+    except XlaUnavailable as why:           # the chip itself: every graph falls back for the same reason
+        return XlaEstimates(fell_back=tuple(f"{module.label}: {why}" for module in modules))
     compiled, fell_back = [], []
-    for module in trace.meta.xla_modules or ():
+    for module in modules:
         try:
             if module.error:
                 raise XlaUnavailable(module.error)
             if progress:
                 progress(f"TPU compiler: {module.label}")
-            target = target_for(chip)
             result = compile_stablehlo(module.stablehlo, target)
             program = parse_program(result.hlo)
             compiled.append(ProgramEstimate(module.label, module.programs, program.kernels,

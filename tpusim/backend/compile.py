@@ -181,6 +181,8 @@ def _spec(t: object) -> object:
 
     if isinstance(t, torch.Tensor):
         return jax.ShapeDtypeStruct(tuple(int(s) for s in t.shape), jax_dtype(t.dtype))
+    if isinstance(t, list | tuple):          # a segment's input can be a list of tensors (collective_graph.py)
+        return type(t)(_spec(item) for item in t)
     return t
 
 

@@ -78,7 +78,7 @@ import dataclasses
 import heapq
 import itertools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tpusim.eager.windows import BACKWARD_REASON, Node, WindowCutter, node_key
@@ -434,6 +434,21 @@ def _kernel_name(parts: Sequence[OpRecord]) -> str:
     return f"fused[{'+'.join(names)}]"
 
 
+def _compiled_kernels(records: Sequence[Record], flow: _Dataflow, window: list[int], end: int, chip: ChipSpec,
+                      built: Sequence[FusedKernel]) -> tuple[list[FusedKernel], dict[int, int]]:
+    """The kernels the TPU compiler built for one program execution, placed where its ops ran: the first
+    reads what enters the program, the last writes what leaves it (so what waits for them still waits),
+    and the program's ops spread over them in order (where its memory records go)."""
+    whole, _ = _kernel(records, flow, window, end, chip)
+    first = records[window[0]]
+    last = len(built) - 1
+    kernels = [dataclasses.replace(k, seq=first.seq, rank=first.rank, program=first.program, source=first.source,
+                                   inputs=whole.inputs if i == 0 else (), outputs=whole.outputs if i == last else ())
+               for i, k in enumerate(built)]
+    emitted = {pos: i * len(built) // len(window) for i, pos in enumerate(window)}
+    return kernels, emitted
+
+
 # ---- windows ------------------------------------------------------------------------------------
 def _cut_reason(rec: Record) -> str:
     """The window cut (a ``tpusim.eager.windows.CUTS`` key) of a record that is not a fusible eager op."""
@@ -457,14 +472,18 @@ def op_node(rec: OpRecord) -> Node:
                 results=tuple(t.shape for t in rec.outputs))
 
 
-def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.0, eager: bool = True) -> Fused:
+def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.0, eager: bool = True,
+         compiled: Mapping[int, Sequence[FusedKernel]] | None = None) -> Fused:
     """Group ``records`` into fused kernels (see the module docstring).
 
     ``host_s_per_op`` > 0 adds, at each window's flush, one ``dispatch`` host record of
     that many seconds per op in the window (reason ``WINDOW_REASON``): the host recording
     the window while the device waits for it. ``eager=False`` fuses only compiled programs
-    (Debug and Strict: their eager ops stay one kernel each).
+    (Debug and Strict: their eager ops stay one kernel each). ``compiled`` maps a compiled program's
+    execution number to the kernels the TPU compiler built for it (``tpusim.xla.kernels``): they run in
+    place of this module's grouping of its ops.
     """
+    compiled = compiled or {}
     records = list(records)
     flow = _Dataflow(records)
     out: list[Record] = []
@@ -479,18 +498,21 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
             out.extend(m for _, m in held)
             held.clear()
             return
-        grouper = _Grouper(records, flow, program=bool(program))
-        for pos in window:
-            grouper.add(pos)
         kernels, kept, emitted = [], set(), {}
-        cluster = 0 if program else cutter.windows
-        for members in grouper.kernels():
-            kernel, on_chip = _kernel(records, flow, members, end, chip)
-            if cluster:
-                kernel = dataclasses.replace(kernel, cluster=cluster, cut=reason)
-            emitted.update(dict.fromkeys(members, len(kernels)))
-            kernels.append(kernel)
-            kept |= on_chip
+        if program in compiled and compiled[program]:
+            kernels, emitted = _compiled_kernels(records, flow, window, end, chip, compiled[program])
+        else:
+            grouper = _Grouper(records, flow, program=bool(program))
+            for pos in window:
+                grouper.add(pos)
+            cluster = 0 if program else cutter.windows
+            for members in grouper.kernels():
+                kernel, on_chip = _kernel(records, flow, members, end, chip)
+                if cluster:
+                    kernel = dataclasses.replace(kernel, cluster=cluster, cut=reason)
+                emitted.update(dict.fromkeys(members, len(kernels)))
+                kernels.append(kernel)
+                kept |= on_chip
         memory = [m for _, m in held]
         dropped = _on_chip_storages(records, flow, window, kept, memory)
         first = records[window[0]]

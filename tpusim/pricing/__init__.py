@@ -10,8 +10,9 @@ adding one = one row there.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
+from tpusim.eager.fusion import FusedKernel
 from tpusim.eager.modes import DEFAULT_MODE, get_mode
 from tpusim.hardware.spec import ChipSpec
 from tpusim.pricing.engine import simulate
@@ -30,10 +31,12 @@ def single_chip_topology(chip: ChipSpec) -> str:
 
 def price(trace: Trace, *, topology: str | Slice = "", chip: str | ChipSpec | None = None,
           mode: str = DEFAULT_MODE, chunk_bytes: int | None = None,
-          progress: Callable[[str], None] | None = None) -> Timeline:
-    """Simulate ``trace`` on a slice under one eager mode and return its Timeline."""
+          progress: Callable[[str], None] | None = None,
+          compiled: Mapping[int, Sequence[FusedKernel]] | None = None) -> Timeline:
+    """Simulate ``trace`` on a slice under one eager mode and return its Timeline; ``compiled``: the kernels
+    the TPU compiler built for program executions (``tpusim.xla.programs``), priced in their place."""
     slice_ = topology if isinstance(topology, Slice) else build_slice(topology or "3d:1x1x1", chip=chip)
     eager_mode = get_mode(mode)  # an unknown name raises with the accepted ones
     if progress:
         progress(f"pricing {eager_mode.name} mode on {slice_.spec} ({slice_.chip.name})")
-    return simulate(plan(trace, eager_mode, slice_.chip), slice_, chunk_bytes=chunk_bytes)
+    return simulate(plan(trace, eager_mode, slice_.chip, compiled), slice_, chunk_bytes=chunk_bytes)

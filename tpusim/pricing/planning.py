@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tpusim.eager.compile_cache import CompileCache, with_compiles
@@ -42,22 +42,25 @@ CHECK_FLOPS_PER_ELEMENT = 2.0   # debug: isfinite + AND-reduce per element of a 
 DEBUG_CHECK = "debug_check"     # reason of debug's flag read-back host records
 
 
-def plan(trace: Trace, mode: str | EagerMode, chip: ChipSpec) -> ModePlan:
-    """The ModePlan of ``trace`` under ``mode`` on ``chip`` (see the module docstring)."""
+def plan(trace: Trace, mode: str | EagerMode, chip: ChipSpec,
+         compiled: Mapping[int, Sequence[FusedKernel]] | None = None) -> ModePlan:
+    """The ModePlan of ``trace`` under ``mode`` on ``chip`` (see the module docstring); ``compiled``: the
+    kernels the TPU compiler built for program executions (``tpusim.xla.kernels``), priced in their place."""
     mode = mode if isinstance(mode, EagerMode) else get_mode(mode)
     streams, meta = {}, None
     for rank, records in rank_records(trace).items():
-        records, rank_meta = _rewrite(records, mode, chip)
+        records, rank_meta = _rewrite(records, mode, chip, compiled)
         streams[rank] = stream(records, [dispatch_seconds(r, chip) for r in records])
         meta = rank_meta if meta is None else meta
     return ModePlan(mode.name, streams, trace.world_size, mode.queue_depth, mode.sync_each_op, meta or {})
 
 
-def _rewrite(records: Sequence[Record], mode: EagerMode, chip: ChipSpec) -> tuple[tuple[Record, ...], dict[str, Any]]:
+def _rewrite(records: Sequence[Record], mode: EagerMode, chip: ChipSpec,
+             compiled: Mapping[int, Sequence[FusedKernel]] | None) -> tuple[tuple[Record, ...], dict[str, Any]]:
     meta: dict[str, Any] = {}
     if mode.fuse or any(isinstance(r, OpRecord) and r.program for r in records):
         record_s = RECORD_SHARE * chip.host_dispatch_ns / 1e9 if mode.fuse else 0.0
-        fused = fuse(records, chip, host_s_per_op=record_s, eager=mode.fuse)
+        fused = fuse(records, chip, host_s_per_op=record_s, eager=mode.fuse, compiled=compiled)
         records, meta["fusion"] = fused.records, fused.stats
     if mode.check_results:
         records = with_checks(records, chip)

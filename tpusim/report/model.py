@@ -229,7 +229,7 @@ def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str
     }
     if xla is not None:             # the run had compiled programs: who priced them (tpusim/report/xla.py)
         for mode, timeline in timelines.items():
-            report["modes"][mode].update(xla_section(xla, timeline, trace))
+            report["modes"][mode].update(xla_section(xla, timeline, trace, chip))
     if distributed is not None:
         report["distributed"] = asdict(distributed)
     if placements is not None:

@@ -269,15 +269,35 @@ class HostStall(Part):
     seconds: Num
 
 
+class XlaProgramRow(Part):
+    """modes.<mode>.xla.per_program[]: one compiled graph, its executions priced three ways."""
+
+    label: str
+    executions: int
+    fusions: int
+    kernels: int
+    estimated_s: Num
+    priced_s: Num
+    model_s: Num
+    hbm_peak_bytes: int
+    compile_s: Num
+    cached: bool
+
+
 class XlaSection(Part):
-    """modes.<mode>.xla: the TPU compiler's estimate of the compiled programs (tpusim/report/xla.py)."""
+    """modes.<mode>.xla: what the TPU compiler built for the compiled programs, priced by tpusim on XLA's
+    kernels (priced_s), by XLA itself (estimated_s) and by tpusim's model without it (model_s)
+    (tpusim/report/xla.py)."""
 
     programs: int = 0
     executions: int = 0
+    fusions: int = 0
     kernels: int = 0
     estimated_s: Num = 0.0
+    priced_s: Num = 0.0
     model_s: Num = 0.0
     hbm_peak_bytes: int = 0
+    per_program: list[XlaProgramRow] = []
     fell_back: list[str] = []
 
 

@@ -5,6 +5,12 @@ text order the schedule), one instruction a line, each fusion's ``backend_config
 ``estimated_cycles`` and ``estimated_vmem_bytes``. A computation a fusion calls is inside that fusion;
 the others (the entry, while bodies, async wrappers) are scheduled. A while loop's body counts as many
 times as its condition's ``compare(i, constant(N)), direction=LT`` says.
+
+A fusion's work is read from its insides, so tpusim's own compute and HBM model can price the kernel XLA
+built: FLOPs of each ``dot`` (2 x output elements x contracted size) and ``convolution`` (2 x output
+elements x the kernel's size over every dimension but its output feature, over the feature groups), one
+FLOP per output element of each arithmetic instruction, one transcendental per element of each
+transcendental one; HBM bytes are what crosses the kernel's boundary (``boundary_bytes``).
 """
 
 from __future__ import annotations
@@ -17,12 +23,21 @@ from dataclasses import dataclass
 DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4, "u32": 4,
                "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
                "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3b11fnuz": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "token": 0}
+# Instructions that do one VPU FLOP per output element / one transcendental per output element (inside a
+# fusion). Adding an opcode = one entry here.
+ARITHMETIC = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum", "negate", "abs", "compare",
+                        "select", "clamp", "and", "or", "xor", "not", "remainder", "sign", "floor", "ceil",
+                        "round-nearest-even", "round-nearest-afz", "convert", "shift-left", "shift-right-logical",
+                        "shift-right-arithmetic", "reduce", "reduce-window", "scatter"})
+TRANSCENDENTAL = frozenset({"exponential", "exponential-minus-one", "log", "log-plus-one", "tanh", "logistic",
+                            "rsqrt", "sqrt", "cbrt", "power", "sine", "cosine", "tan", "atan2", "erf"})
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",
                "collective-broadcast", "ragged-all-to-all")
 
 _COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s+\(.*\)\s+->\s+.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s+=\s+(.*)$")
 _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([\d,]*)\]")
+_DIMS = re.compile(r"(\w+)_dims=\{([\d,]*)\}")
 
 
 @dataclass(frozen=True)
@@ -49,8 +64,19 @@ class Instruction:
 
 
 @dataclass(frozen=True)
+class Work:
+    """What a fused computation computes: FLOPs, transcendentals, and its largest contraction."""
+
+    flops: float = 0.0
+    transcendentals: float = 0.0
+    matmul: tuple[int, int, int, int] | None = None   # (batch, m, k, n) of its largest dot or convolution
+    dtype: str = ""                                    # that contraction's input type ("" without one)
+
+
+@dataclass(frozen=True)
 class Fusion:
-    """One kernel XLA built: its name, kind (kLoop, kOutput, kInput, kCustom) and XLA's own estimates."""
+    """One kernel XLA built: its name, kind (kLoop, kOutput, kInput, kCustom), XLA's own estimates, and
+    the work and HBM bytes tpusim prices it by."""
 
     name: str
     kind: str
@@ -58,6 +84,10 @@ class Fusion:
     estimated_vmem_bytes: int
     output_bytes: int
     times: int = 1                     # runs per program execution (inside a while loop: its trip count)
+    read_bytes: int = 0                # HBM bytes in and out of one run (``boundary_bytes``)
+    written_bytes: int = 0
+    work: Work = Work()
+    dtype: str = ""                    # its output's element type
 
 
 @dataclass(frozen=True)
@@ -90,6 +120,116 @@ def shape_bytes(shape: str) -> int:
     """Bytes of an array or tuple shape, e.g. '(bf16[128,512]{1,0}, u32[])' (layout and tiling ignored)."""
     return int(sum(math.prod(int(d) for d in dims.split(",") if d) * DTYPE_BYTES[dtype]
                    for dtype, dims in _ARRAY.findall(shape) if dtype in DTYPE_BYTES))
+
+
+def _dims(shape: str) -> list[int]:
+    """The dimensions of an array shape ('bf16[8,128]{1,0}' -> [8, 128]); [] for a scalar or tuple."""
+    found = _ARRAY.search(shape)
+    return [int(d) for d in found.group(2).split(",") if d] if found and not shape.startswith("(") else []
+
+
+def _element_type(shape: str) -> str:
+    found = _ARRAY.search(shape)
+    return found.group(1) if found else ""
+
+
+def _dot_matmul(instruction: Instruction, shapes: dict[str, str]) -> tuple[int, int, int, int] | None:
+    """(batch, m, k, n) of a ``dot``: from its operands' shapes and its batch/contracting dimensions."""
+    operands = instruction.operands
+    if len(operands) < 2 or operands[0] not in shapes or operands[1] not in shapes:
+        return None
+    lhs, rhs = _dims(shapes[operands[0]]), _dims(shapes[operands[1]])
+    dims = {key: [int(d) for d in value.split(",") if d] for key, value in _DIMS.findall(instruction.attributes)}
+    batch = math.prod(lhs[d] for d in dims.get("lhs_batch", []))
+    k = math.prod(lhs[d] for d in dims.get("lhs_contracting", []))
+    m = math.prod(lhs) // max(1, batch * k)
+    n = math.prod(rhs) // max(1, batch * math.prod(rhs[d] for d in dims.get("rhs_contracting", [])))
+    return batch, m, k, n
+
+
+def _convolution_matmul(instruction: Instruction, shapes: dict[str, str]) -> tuple[int, int, int, int] | None:
+    """(1, m, k, n) of a ``convolution`` (how XLA:TPU writes most matmuls): n its output features, k the
+    kernel's size over every other dimension over the feature groups, m the output's other elements."""
+    operands = instruction.operands
+    labels = re.search(r"dim_labels=\w*_(\w+)->", instruction.attributes)
+    if len(operands) < 2 or operands[1] not in shapes or not labels:
+        return None
+    kernel = _dims(shapes[operands[1]])
+    kernel_labels = labels.group(1)
+    if len(kernel_labels) != len(kernel) or "o" not in kernel_labels:
+        return None
+    groups = int((re.search(r"feature_group_count=(\d+)", instruction.attributes) or [0, 1])[1])
+    n = kernel[kernel_labels.index("o")]
+    k = math.prod(kernel) // max(1, n * groups)
+    out = math.prod(_dims(instruction.shape))
+    return 1, out // max(1, n), k, n
+
+
+def fused_work(name: str, comps: dict[str, list[Instruction]], seen: tuple[str, ...] = ()) -> Work:
+    """The work of fused computation ``name`` and the fusions nested in it (see the module docstring)."""
+    if name not in comps or name in seen:
+        return Work()
+    body = comps[name]
+    shapes = {i.name: i.shape for i in body}
+    flops = transcendentals = 0.0
+    matmul, dtype = None, ""
+    for instruction in body:
+        elements = math.prod(_dims(instruction.shape)) if not instruction.shape.startswith("(") else 0
+        contraction = None
+        if instruction.opcode == "dot":
+            contraction = _dot_matmul(instruction, shapes)
+        elif instruction.opcode == "convolution":
+            contraction = _convolution_matmul(instruction, shapes)
+        elif instruction.opcode == "fusion" and instruction.attribute("calls"):
+            inner = fused_work(instruction.attribute("calls"), comps, (*seen, name))
+            flops, transcendentals = flops + inner.flops, transcendentals + inner.transcendentals
+            if inner.matmul and (matmul is None or math.prod(inner.matmul) > math.prod(matmul)):
+                matmul, dtype = inner.matmul, inner.dtype
+        elif instruction.opcode in TRANSCENDENTAL:
+            transcendentals += elements
+        elif instruction.opcode in ARITHMETIC:
+            operand = shapes.get(instruction.operands[0], "") if instruction.operands else ""
+            flops += math.prod(_dims(operand)) if instruction.opcode.startswith("reduce") and operand else elements
+        if contraction:
+            flops += 2.0 * math.prod(contraction)
+            if matmul is None or math.prod(contraction) > math.prod(matmul):
+                matmul, dtype = contraction, _element_type(shapes.get(instruction.operands[0], instruction.shape))
+    return Work(flops, transcendentals, matmul, dtype)
+
+
+SLICES = ("slice", "dynamic-slice")
+IN_PLACE = "dynamic-update-slice"
+
+
+def boundary_bytes(calls: str, comps: dict[str, list[Instruction]], output_bytes: int) -> tuple[int, int]:
+    """(read, written) HBM bytes of one run of the fusion calling ``calls``: a parameter read only through
+    slices costs the slices, a buffer a ``dynamic-update-slice`` updates in place costs nothing to read and
+    only its update to write (the rest of it never moves); every other parameter and output in full."""
+    body = comps.get(calls, [])
+    users: dict[str, list[tuple[Instruction, int]]] = {}
+    for instruction in body:
+        for position, operand in enumerate(instruction.operands):
+            users.setdefault(operand, []).append((instruction, position))
+    shapes = {i.name: i.shape for i in body}
+    read = 0
+    for parameter in (i for i in body if i.opcode == "parameter"):
+        uses = users.get(parameter.name, [])
+        if uses and all(u.opcode == IN_PLACE and k == 0 for u, k in uses):
+            continue
+        if uses and all(u.opcode in SLICES and k == 0 for u, k in uses):
+            read += min(parameter.output_bytes, sum(u.output_bytes for u, _ in uses))
+        else:
+            read += parameter.output_bytes
+    root = next((i for i in reversed(body) if i.opcode != "parameter"), None)
+    roots = [root] if root is not None and root.opcode != "tuple" else \
+        [next((i for i in body if i.name == o), None) for o in (root.operands if root else ())]
+    written = 0
+    for out in roots:
+        if out is not None and out.opcode == IN_PLACE and len(out.operands) > 1:
+            written += shape_bytes(shapes.get(out.operands[1], ""))
+        else:
+            written += out.output_bytes if out is not None else 0
+    return read, written if roots else output_bytes
 
 
 def _closing(text: str, start: int) -> int:
@@ -197,9 +337,12 @@ def parse_program(text: str) -> XlaProgram:
         for k, instruction in enumerate(body):
             op = instruction.opcode
             if op == "fusion":
+                calls = instruction.attribute("calls") or ""
                 fusions.append(Fusion(instruction.name, instruction.attribute("kind") or "",
                                       instruction.estimated_cycles or 0, instruction.estimated_vmem_bytes or 0,
-                                      instruction.output_bytes, times))
+                                      instruction.output_bytes, times,
+                                      *boundary_bytes(calls, comps, instruction.output_bytes),
+                                      fused_work(calls, comps), _element_type(instruction.shape)))
             elif instruction.estimated_cycles is not None:
                 other += instruction.estimated_cycles * times
             if op in COLLECTIVES:

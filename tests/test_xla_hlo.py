@@ -62,3 +62,56 @@ def test_collectives_in_schedule_order_with_what_overlaps_them():
 def test_shape_bytes_reads_tuples_and_skips_layouts():
     assert shape_bytes("(bf16[128,512]{1,0:T(8,128)(2,1)S(1)}, u32[]{:S(2)})") == 128 * 512 * 2 + 4
     assert shape_bytes("f32[]") == 4 and shape_bytes("pred[3]") == 3
+
+
+WORK = """HloModule jit_work, is_scheduled=true
+
+%dot_computation (p0: bf16[4,64,128], p1: bf16[4,128,256]) -> f32[4,64,256] {
+  %p0 = bf16[4,64,128]{2,1,0} parameter(0)
+  %p1 = bf16[4,128,256]{2,1,0} parameter(1)
+  %dot = f32[4,64,256]{2,1,0} dot(%p0, %p1), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={1}
+  ROOT %exp = f32[4,64,256]{2,1,0} exponential(%dot)
+}
+
+%conv_computation (q0: bf16[512,1024], q1: bf16[1024,384]) -> bf16[512,384] {
+  %q0 = bf16[512,1024]{1,0} parameter(0)
+  %q1 = bf16[1024,384]{1,0} parameter(1)
+  %neg = bf16[512,1024]{1,0} negate(%q0)
+  ROOT %conv = bf16[512,384]{1,0} convolution(%neg, %q1), dim_labels=bf_io->bf
+}
+
+%update_computation (buffer: bf16[16,1024], source: bf16[64,1024]) -> bf16[16,1024] {
+  %buffer = bf16[16,1024]{1,0} parameter(0)
+  %source = bf16[64,1024]{1,0} parameter(1)
+  %piece = bf16[2,1024]{1,0} slice(%source), slice={[0:2], [0:1024]}
+  %zero = u32[] constant(0)
+  ROOT %updated = bf16[16,1024]{1,0} dynamic-update-slice(%buffer, %piece, %zero, %zero)
+}
+
+ENTRY %main (a: bf16[4,64,128], b: bf16[4,128,256], c: bf16[512,1024], d: bf16[1024,384], e: bf16[16,1024], f: bf16[64,1024]) -> bf16[16,1024] {
+  %a = bf16[4,64,128]{2,1,0} parameter(0)
+  %b = bf16[4,128,256]{2,1,0} parameter(1)
+  %c = bf16[512,1024]{1,0} parameter(2)
+  %d = bf16[1024,384]{1,0} parameter(3)
+  %e = bf16[16,1024]{1,0} parameter(4)
+  %f = bf16[64,1024]{1,0} parameter(5)
+  %batched = f32[4,64,256]{2,1,0} fusion(%a, %b), kind=kOutput, calls=%dot_computation
+  %projected = bf16[512,384]{1,0} fusion(%c, %d), kind=kOutput, calls=%conv_computation
+  ROOT %in_place = bf16[16,1024]{1,0} fusion(%e, %f), kind=kLoop, calls=%update_computation
+}
+"""
+
+
+def test_each_fusions_work_and_bytes_counted_by_hand():
+    batched, projected, in_place = parse_program(WORK).fusions
+    # a batched dot: 2 x (4 x 64 x 256 outputs) x 128 contracted; one exp per output element
+    assert batched.work.matmul == (4, 64, 128, 256) and batched.work.dtype == "bf16"
+    assert batched.work.flops == 2 * 4 * 64 * 256 * 128 and batched.work.transcendentals == 4 * 64 * 256
+    assert (batched.read_bytes, batched.written_bytes) == ((4 * 64 * 128 + 4 * 128 * 256) * 2, 4 * 64 * 256 * 4)
+    # a matmul written as a convolution (bf_io->bf): k = 1024 input features, n = 384 output features
+    assert projected.work.matmul == (1, 512, 1024, 384)
+    assert projected.work.flops == 2 * 512 * 1024 * 384 + 512 * 1024          # the negate's elements too
+    # an in-place update: the buffer is neither read nor rewritten, the source is read as its slice
+    assert in_place.work.matmul is None and in_place.work.flops == 0
+    assert (in_place.read_bytes, in_place.written_bytes) == (2 * 1024 * 2, 2 * 1024 * 2)
+    assert in_place.output_bytes == 16 * 1024 * 2

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from tpusim.hardware.compute import kernel_cost
 from tpusim.hardware.spec import load_chip
 from tpusim.trace.records import read_trace
 from tpusim.xla.compiler import compile_stablehlo, missing, target_for
 from tpusim.xla.hlo import parse_program
+from tpusim.xla.kernels import program_kernels
 
 pytestmark = [pytest.mark.xla, pytest.mark.skipif(missing() is not None, reason=str(missing()))]
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,11 +54,19 @@ def test_the_report_gives_xlas_estimate_of_each_compiled_graph(tmp_path):
     runs = [len(m.programs) for m in modules]
     assert runs == [3, 3]
     assert mode["xla"]["programs"] == 2 and mode["xla"]["executions"] == 6
+    assert mode["xla"]["fusions"] == sum(len(p.fusions) for p in programs)
     assert mode["xla"]["kernels"] == sum(p.kernels * n for p, n in zip(programs, runs))
     assert mode["xla"]["hbm_peak_bytes"] == max(c.memory["peak_memory_in_bytes"] for c in compiled)
     expected = sum(p.estimated_cycles * n for p, n in zip(programs, runs)) / target.clock_hz
     assert mode["xla"]["estimated_s"] == pytest.approx(expected, rel=1e-8)
-    assert 0 < mode["xla"]["model_s"] < mode["total_s"]
+    # the step prices XLA's kernels: each one the chip's model of it, as many times as the programs ran
+    chip = load_chip("v5e")
+    priced = sum(kernel_cost(k, chip).seconds * n for p, n in zip(programs, runs) for k in program_kernels(p))
+    assert mode["xla"]["priced_s"] == pytest.approx(priced, rel=1e-6)
+    assert 0 < mode["xla"]["model_s"] < mode["total_s"] and mode["xla"]["priced_s"] < mode["total_s"]
+    trace = json.loads((tmp_path / "out" / "trace.json").read_text())
+    names = {e.get("name", "") for e in trace["traceEvents"]}
+    assert all(f"xla:{f.name}[{f.kind}]" in names for p in programs for f in p.fusions)   # Perfetto shows them
     assert "TPU compiler (XLA): 2 compiled graphs, 6 executions" in done.stdout
     assert "libtpu" not in done.stderr and "TPU_" not in done.stderr     # nothing of libtpu's start-up noise
 
@@ -64,6 +74,6 @@ def test_the_report_gives_xlas_estimate_of_each_compiled_graph(tmp_path):
 def test_compiler_model_leaves_the_programs_to_the_model_and_says_so(tmp_path):
     done, report = run(tmp_path, "--compiler", "model")
     mode = report["modes"]["strict"]
-    assert mode["compiler"] == "model"
+    assert mode["compiler"] == "model" and "priced_s" not in mode["xla"]
     assert mode["xla"]["fell_back"] == ["graph 0 (forward): --compiler model", "graph 1 (backward): --compiler model"]
     assert "TPU compiler: not used (--compiler model)" in done.stdout

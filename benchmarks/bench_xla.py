@@ -4,9 +4,10 @@
 
 Runs ``tpusim run examples/transformer.py --compiler xla -- --compile`` twice with one fresh compile cache
 (XDG_CACHE_HOME in a temporary folder): the first run compiles every graph, the second finds them all
-cached. Prints both wall times, their ratio, the compile time the first report's graphs took, and what
-the report says: XLA's estimate of the compiled programs beside tpusim's own pricing of the same
-executions. Needs the xla extra (pip install -e ".[xla]").
+cached; then once with ``--compiler model``. Prints the wall times and their ratio, the compile time of
+each graph, the compiled programs priced three ways (tpusim on XLA's kernels, XLA's own estimate,
+tpusim's model without the compiler) and the step time with and without the compiler. Needs the xla
+extra (pip install -e ".[xla]").
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(args: argparse.Namespace, out: Path, cache: Path) -> tuple[float, dict, str]:
+def run(args: argparse.Namespace, out: Path, cache: Path, compiler: str = "xla") -> tuple[float, dict, str]:
     command = [sys.executable, "-m", "tpusim", "run", str(ROOT / "examples" / "transformer.py"), "--chip", args.chip,
-               "--numerics", "off", "--compiler", "xla", "--quiet", "--out", str(out), "--",
+               "--numerics", "off", "--compiler", compiler, "--quiet", "--out", str(out), "--",
                "--compile", "--layers", str(args.layers), "--d-model", str(args.d_model), "--heads", str(args.heads),
                "--seq", str(args.seq), "--batch", str(args.batch), "--steps", "2"]
     began = time.perf_counter()
@@ -50,6 +51,7 @@ def main() -> None:
         cache = Path(folder) / "cache"
         first_s, report, stdout = run(args, Path(folder) / "first", cache)
         cached_s, _, _ = run(args, Path(folder) / "cached", cache)
+        _, model, _ = run(args, Path(folder) / "model", cache, "model")
         compiles = sorted(json.loads(p.read_text())["compile_s"] for p in (cache / "tpusim" / "xla").glob("*.json"))
     mode = report["modes"]["strict"]
     xla = mode["xla"]
@@ -58,12 +60,15 @@ def main() -> None:
     print(f"  wall, empty compile cache: {first_s:8.1f} s")
     print(f"  wall, every graph cached:  {cached_s:8.1f} s   (ratio {first_s / cached_s:.2f}x)")
     print(f"  compiles: {len(compiles)} graphs, {', '.join(f'{s:.1f} s' for s in compiles)}")
-    print(f"  compiled programs, strict mode: XLA estimates {xla['estimated_s'] * 1e3:.3f} ms over "
-          f"{xla['executions']} executions ({xla['kernels']} kernels); tpusim priced {xla['model_s'] * 1e3:.3f} ms "
-          f"(XLA / tpusim {xla['estimated_s'] / xla['model_s']:.2f}); HBM peak {xla['hbm_peak_bytes'] / 2**20:.1f} MiB")
+    print(f"  compiled programs, strict mode, {xla['executions']} executions ({xla['fusions']} fusions, "
+          f"{xla['kernels']} kernels run): tpusim on XLA's kernels {xla['priced_s'] * 1e3:.3f} ms, XLA's own "
+          f"estimate {xla['estimated_s'] * 1e3:.3f} ms, tpusim's model {xla['model_s'] * 1e3:.3f} ms; "
+          f"HBM peak {xla['hbm_peak_bytes'] / 2**20:.1f} MiB")
+    step_xla, step_model = mode["step_time_median_s"], model["modes"]["strict"]["step_time_median_s"]
+    print(f"  step time, strict: {step_xla * 1e3:.3f} ms with the compiler, {step_model * 1e3:.3f} ms without "
+          f"(ratio {step_xla / step_model:.2f})")
     print("  fell back: " + ("; ".join(xla["fell_back"]) or "none"))
     print("\n".join(line for line in stdout.splitlines() if line.startswith("TPU compiler")))
-
 
 if __name__ == "__main__":
     main()

@@ -73,3 +73,30 @@ def test_tpusim_compiles_what_jax_compiles(chip, tmp_path):
 def test_a_module_the_compiler_refuses_falls_back_with_its_reason():
     with pytest.raises(XlaUnavailable, match="refused the program"):
         compile_stablehlo("module { this is not stablehlo }", target_for(load_chip("v5e")))
+
+
+ATTENTION = """
+import json, sys
+import jax, jax.numpy as jnp
+def block(x, wq, wk, wv, wo):
+    q, k, v = (jnp.einsum("bsd,dhe->bhse", x, w) for w in (wq, wk, wv))
+    scores = jax.nn.softmax(jnp.einsum("bhse,bhte->bhst", q, k) / 8.0, axis=-1)
+    return jnp.einsum("bhse,hed->bsd", jnp.einsum("bhst,bhte->bhse", scores, v), wo)
+shapes = ((2, 256, 512), (512, 8, 64), (512, 8, 64), (512, 8, 64), (8, 64, 512))
+specs = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in shapes]
+grad = jax.grad(lambda *a: block(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2, 3, 4))
+print(json.dumps(jax.jit(grad).trace(*specs).lower(lowering_platforms=("tpu",)).as_text()))
+"""
+
+
+def test_the_fusions_work_adds_up_to_xlas_own_flop_count():
+    """Attention's forward and backward (batched matmuls XLA writes as windowed convolutions): the FLOPs read
+    from each fusion sum to what the compiled executable's cost analysis counts."""
+    done = subprocess.run([sys.executable, "-c", ATTENTION], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **QUIET_ENV})
+    assert done.returncode == 0, done.stderr[-2000:]
+    compiled = compile_stablehlo(json.loads(done.stdout), target_for(load_chip("v5p")))
+    program = parse_program(compiled.hlo)
+    flops = sum(f.work.flops * f.times for f in program.fusions)
+    assert any(f.work.matmul and f.work.matmul[0] > 1 for f in program.fusions)     # batched: taps counted
+    assert flops == pytest.approx(compiled.cost["flops"], rel=0.01)

@@ -7,8 +7,8 @@ the others (the entry, while bodies, async wrappers) are scheduled. A while loop
 times as its condition's ``compare(i, constant(N)), direction=LT`` says.
 
 A fusion's work is read from its insides, so tpusim's own compute and HBM model can price the kernel XLA
-built: FLOPs of each ``dot`` (2 x output elements x contracted size) and ``convolution`` (2 x output
-elements x the kernel's size over every dimension but its output feature, over the feature groups), one
+built: FLOPs of each ``dot`` (2 x output elements x contracted size) and ``convolution`` (2 x batch x input
+features per group x output features x the window taps that meet input, ``_convolution_matmul``), one
 FLOP per output element of each arithmetic instruction, one transcendental per element of each
 transcendental one; HBM bytes are what crosses the kernel's boundary (``boundary_bytes``).
 """
@@ -147,22 +147,52 @@ def _dot_matmul(instruction: Instruction, shapes: dict[str, str]) -> tuple[int, 
     return batch, m, k, n
 
 
+def _window(attributes: str, rank: int) -> list[dict[str, int]]:
+    """Each spatial dimension's window: size, stride, low padding, lhs and rhs dilation (XLA's defaults)."""
+    found = re.search(r"window=\{([^}]*)\}", attributes)
+    fields = dict(item.split("=", 1) for item in found.group(1).split()) if found else {}
+    dims = [{"size": 1, "stride": 1, "pad": 0, "lhs_dilate": 1, "rhs_dilate": 1} for _ in range(rank)]
+    for key in ("size", "stride", "lhs_dilate", "rhs_dilate", "pad"):
+        for d, value in enumerate(fields.get(key, "").split("x") if key in fields else []):
+            dims[d][key] = int(value.split("_")[0])
+    return dims
+
+
+def _taps(in_size: int, out_size: int, window: dict[str, int]) -> int:
+    """(output position, window tap) pairs of one spatial dimension that land on a real input element (not
+    padding, not a hole of lhs dilation): XLA:TPU writes batched matmuls as convolutions whose windows
+    mostly miss, so counting the window's size would count work that is never done."""
+    if out_size * window["size"] > 10**6:          # a real convolution this large: every tap counts
+        return out_size * window["size"]
+    last = (in_size - 1) * window["lhs_dilate"]
+    return sum(1 for o in range(out_size) for k in range(window["size"])
+               for at in [o * window["stride"] + k * window["rhs_dilate"] - window["pad"]]
+               if 0 <= at <= last and at % window["lhs_dilate"] == 0)
+
+
 def _convolution_matmul(instruction: Instruction, shapes: dict[str, str]) -> tuple[int, int, int, int] | None:
-    """(1, m, k, n) of a ``convolution`` (how XLA:TPU writes most matmuls): n its output features, k the
-    kernel's size over every other dimension over the feature groups, m the output's other elements."""
+    """(taps, m, k, n) of a ``convolution`` (how XLA:TPU writes most matmuls): n its output features, k its
+    input features per group, m its batch, taps the output positions times the window taps that meet input
+    (``_taps``), so 2 x taps x m x k x n are its FLOPs."""
     operands = instruction.operands
-    labels = re.search(r"dim_labels=\w*_(\w+)->", instruction.attributes)
-    if len(operands) < 2 or operands[1] not in shapes or not labels:
+    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", instruction.attributes)
+    if len(operands) < 2 or operands[0] not in shapes or not labels:
         return None
-    kernel = _dims(shapes[operands[1]])
-    kernel_labels = labels.group(1)
-    if len(kernel_labels) != len(kernel) or "o" not in kernel_labels:
+    lhs, out = _dims(shapes[operands[0]]), _dims(instruction.shape)
+    lhs_labels, _, out_labels = labels.groups()
+    labelled = len(lhs_labels) == len(lhs) and len(out_labels) == len(out)
+    if not labelled or not {"b", "f"} <= set(lhs_labels) & set(out_labels):
         return None
+    spatial = sorted(c for c in lhs_labels if c.isdigit())
+    windows = _window(instruction.attributes, len(spatial))
+    taps = math.prod(_taps(lhs[lhs_labels.index(c)], out[out_labels.index(c)], windows[i])
+                     for i, c in enumerate(spatial))
     groups = int((re.search(r"feature_group_count=(\d+)", instruction.attributes) or [0, 1])[1])
-    n = kernel[kernel_labels.index("o")]
-    k = math.prod(kernel) // max(1, n * groups)
-    out = math.prod(_dims(instruction.shape))
-    return 1, out // max(1, n), k, n
+    batch_groups = int((re.search(r"batch_group_count=(\d+)", instruction.attributes) or [0, 1])[1])
+    m = lhs[lhs_labels.index("b")] // batch_groups
+    k = lhs[lhs_labels.index("f")] // groups
+    n = out[out_labels.index("f")]
+    return taps, m, k, n
 
 
 def fused_work(name: str, comps: dict[str, list[Instruction]], seen: tuple[str, ...] = ()) -> Work:

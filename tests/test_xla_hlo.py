@@ -115,3 +115,46 @@ def test_each_fusions_work_and_bytes_counted_by_hand():
     assert in_place.work.matmul is None and in_place.work.flops == 0
     assert (in_place.read_bytes, in_place.written_bytes) == (2 * 1024 * 2, 2 * 1024 * 2)
     assert in_place.output_bytes == 16 * 1024 * 2
+
+
+CONTINUATION = """HloModule jit_overlap, is_scheduled=true
+
+%start_computation (s0: bf16[512,1024]) -> (bf16[512,1024], bf16[4096,1024]) {
+  %s0 = bf16[512,1024]{1,0} parameter(0)
+  %gather = bf16[4096,1024]{1,0} all-gather(%s0), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}, frontend_attributes={chain_id="0"}
+  ROOT %begin = (bf16[512,1024]{1,0}, bf16[4096,1024]{1,0}) custom-call(%gather), custom_call_target="AsyncCollectiveStart"
+}
+
+%matmul_computation (m0: bf16[1024,1024], m1: bf16[1024,1024]) -> bf16[1024,1024] {
+  %m0 = bf16[1024,1024]{1,0} parameter(0)
+  %m1 = bf16[1024,1024]{1,0} parameter(1)
+  ROOT %product = bf16[1024,1024]{1,0} convolution(%m0, %m1), dim_labels=bf_io->bf
+}
+
+%done_computation (d0: bf16[512,1024], d1: bf16[4096,1024]) -> bf16[4096,1024] {
+  %d0 = bf16[512,1024]{1,0} parameter(0)
+  %d1 = bf16[4096,1024]{1,0} parameter(1)
+  %again = bf16[4096,1024]{1,0} all-gather(%d0), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}, frontend_attributes={chain_id="0"}
+  ROOT %end = bf16[4096,1024]{1,0} custom-call(%d0, %d1, %again), custom_call_target="AsyncCollectiveDone"
+}
+
+ENTRY %main (shard: bf16[512,1024], x: bf16[1024,1024]) -> bf16[1024,1024] {
+  %shard = bf16[512,1024]{1,0} parameter(0)
+  %x = bf16[1024,1024]{1,0} parameter(1)
+  %async-collective-start = (bf16[512,1024]{1,0}, bf16[4096,1024]{1,0}) fusion(%shard), kind=kCustom, calls=%start_computation
+  %square = bf16[1024,1024]{1,0} fusion(%x, %x), kind=kOutput, calls=%matmul_computation
+  %async-collective-done = bf16[4096,1024]{1,0} fusion(%shard, %async-collective-start), kind=kCustom, calls=%done_computation
+  ROOT %after = bf16[1024,1024]{1,0} fusion(%square, %square), kind=kOutput, calls=%matmul_computation
+}
+"""
+
+
+def test_an_async_collective_fusion_is_a_start_and_a_done_around_the_kernels_it_overlaps():
+    """XLA:TPU's continuation fusion: the AsyncCollectiveStart/Done fusions are the collective's start and done
+    (one chain), not kernels; the shard's bytes are what each device sends."""
+    program = parse_program(CONTINUATION)
+    steps = [(s.what, s.opcode or s.fusion.name) for s in program.schedule]
+    assert steps == [("start", "all-gather"), ("kernel", "square"), ("done", "all-gather"), ("kernel", "after")]
+    start, done = program.schedule[0], program.schedule[2]
+    assert start.key == done.key == "chain:0" and start.bytes == 512 * 1024 * 2 and start.dtype == "bf16"
+    assert [f.name for f in program.fusions] == ["square", "after"]

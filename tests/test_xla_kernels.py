@@ -3,18 +3,19 @@ run in place of tpusim's own fusion of the program's ops, each priced by tpusim'
 eager ops and other programs are untouched. The truth: kernel_cost applied by hand to the same kernels."""
 
 import pytest
-from test_fusion import alloc, chain, ew, kernels, program, toy_chip
+from factories import MB, N
+from test_fusion import alloc, chain, ew, kernels, program, t, toy_chip
 from test_xla_hlo import WORK
 
-from tpusim.eager.fusion import fuse
+from tpusim.eager.fusion import CompiledProgram, fuse
 from tpusim.hardware.compute import kernel_cost
 from tpusim.pricing import price
 from tpusim.slice.topology import build_slice
-from tpusim.trace.records import MemoryRecord, StepMarker, Trace, renumber
-from tpusim.xla.hlo import parse_program
-from tpusim.xla.kernels import program_kernels
+from tpusim.trace.records import CollectiveRecord, MemoryRecord, OpRecord, StepMarker, Trace, renumber
+from tpusim.xla.hlo import Fusion, Step, XlaProgram, parse_program
+from tpusim.xla.kernels import program_records
 
-XLA = program_kernels(parse_program(WORK))
+XLA = program_records(parse_program(WORK))
 
 
 def traced():
@@ -45,14 +46,63 @@ def test_the_engine_prices_xlas_kernels_with_the_chips_model():
     trace = Trace(traced())
     timeline = price(trace, topology=slice_, mode="strict", compiled={1: XLA, 2: XLA})
     device = {e.name: e.end_s - e.start_s for e in timeline.events if e.kind == "op" and e.name.startswith("xla:")}
-    for kernel in XLA:
+    for kernel in XLA.records:
         assert device[kernel.op] == pytest.approx(kernel_cost(kernel, chip).seconds, rel=1e-9)
-    assert timeline.kernels == 2 + 2 * len(XLA)
+    assert timeline.kernels == 2 + 2 * len(XLA.records)
     model = price(trace, topology=slice_, mode="strict")
     assert model.kernels == 4 and timeline.total_s != model.total_s
 
 
 def test_a_program_xla_built_no_kernel_for_keeps_the_models():
     records = traced()
-    assert kernels(fuse(records, toy_chip(), eager=False, compiled={1: ()}).records) == \
+    assert kernels(fuse(records, toy_chip(), eager=False, compiled={1: CompiledProgram(())}).records) == \
         kernels(fuse(records, toy_chip(), eager=False).records)
+
+
+# ---- a graph with collectives, compiled whole: XLA's schedule in place of its segments and c10d's collectives --
+def whole_graph_trace():
+    """One run of a graph with a collective: segment program 1, the all-gather c10d ran (program 1's run), and
+    segment program 2; then a step."""
+    gathered = t(7, 4 * N)
+    collective = CollectiveRecord(0, "all_gather", 4 * MB, group=(0, 1, 2, 3), inputs=(t(5),), outputs=(gathered,),
+                                  async_op=True, program=1)
+    return renumber([*program([ew("mul", [1], 5)], 1), collective,
+                     *program([ew("add", [7], 8)], 2), StepMarker(0, 1)])
+
+
+def xla_schedule(overlapped: bool):
+    """XLA's program for it: an all-gather started before a 10 MB kernel and done after it (overlapped), or
+    synchronous before it; then the kernel that reads the gathered value."""
+    def kernel(name, nbytes):
+        return Step("kernel", Fusion(name, "kLoop", 0, 0, nbytes, read_bytes=nbytes, written_bytes=nbytes))
+
+    gather = ([Step("start", opcode="all-gather", bytes=MB, dtype="f32", key="g")] if overlapped
+              else [Step("collective", opcode="all-gather", bytes=MB, dtype="f32")])
+    done = [Step("done", opcode="all-gather", key="g")] if overlapped else []
+    return program_records(XlaProgram((), (), 0, (*gather, kernel("busy", 5 * 10**6), *done, kernel("reader", 10**6))),
+                           spans=2)
+
+
+def test_a_graph_compiled_whole_runs_xlas_collectives_over_the_recorded_group():
+    fused = fuse(whole_graph_trace(), toy_chip(), eager=False, compiled={1: xla_schedule(True)})
+    out = [r for r in fused.records if isinstance(r, OpRecord | CollectiveRecord)]
+    assert [getattr(r, "op", "") or r.collective for r in out] == ["all_gather", "xla:busy[kLoop]",
+                                                                     "xla:reader[kLoop]"]
+    gather, busy, reader = out
+    assert gather.group == (0, 1, 2, 3) and gather.async_op and gather.bytes == MB and gather.program == 1
+    assert [k.program for k in (busy, reader)] == [1, 1]
+    assert {x.storage for x in gather.outputs} <= {x.storage for x in reader.inputs}   # the reader waits for it
+    assert fused.stats.programs == 1 and fused.stats.program_ops == 2
+
+
+def test_an_all_gather_xla_overlaps_is_priced_hidden():
+    """The all-gather runs on ICI while the kernel XLA scheduled between its start and done runs: the device
+    waits only for what is left of it; scheduled synchronously, all of it is exposed."""
+    slice_ = build_slice("3d:2x2x1", chip=toy_chip())
+    runs = {overlapped: price(Trace(whole_graph_trace(), world_size=4), topology=slice_, mode="strict",
+                              compiled={1: xla_schedule(overlapped)}) for overlapped in (True, False)}
+    gather_s = runs[False].collective_exposed_s
+    busy_s = next(e.end_s - e.start_s for e in runs[True].events if e.name == "xla:busy[kLoop]")
+    assert gather_s > busy_s == pytest.approx(11e-6)                  # 10 MB at 1 TB/s, plus a 1 us launch
+    assert runs[True].collective_exposed_s == pytest.approx(max(0.0, gather_s - busy_s), abs=1e-9)
+    assert 0 < runs[True].collective_exposed_s < gather_s

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
+from tpusim.backend import recorder
+
 COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional")
 
 
@@ -126,6 +128,7 @@ class SegmentedGraph:
     def __init__(self, gm: torch.fx.GraphModule, compile_segment: Callable[[torch.fx.GraphModule, list, int],
                                                                           Callable]) -> None:
         self._boxed_call = True     # an instance attribute: Dynamo's wrappers copy __dict__, not the class
+        self.whole: recorder.WholeGraph | None = None   # the graph lowered whole for the TPU compiler (compile.py)
         schedule_for_overlap(gm)
         self.gm = gm
         nodes = list(gm.graph.nodes)
@@ -161,6 +164,12 @@ class SegmentedGraph:
         return sum(1 for s in self.segments if s.graph is not None)
 
     def __call__(self, args: list) -> list:
+        if self.whole is None:
+            return self._run(args)
+        with recorder.graph_run(self.whole):
+            return self._run(args)
+
+    def _run(self, args: list) -> list:
         env: dict[torch.fx.Node, object] = dict(zip(self.placeholders, args))
         args.clear()
         needed: list[torch.fx.Node] = []

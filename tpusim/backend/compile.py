@@ -49,7 +49,7 @@ import torch
 import torch.fx
 
 from tpusim.backend import recorder
-from tpusim.backend.collective_graph import SegmentedGraph, has_collectives
+from tpusim.backend.collective_graph import SegmentedGraph, has_collectives, is_collective
 from tpusim.backend.import_hooks import after_import
 from tpusim.backend.program import Program, program_of
 from tpusim.backend.source import is_internal_file
@@ -186,6 +186,68 @@ def _spec(t: object) -> object:
     return t
 
 
+class SpmdGraph:
+    """A graph with functional collectives lowered whole for the TPU compiler: one per-device program inside
+    ``jax.shard_map`` over its collectives' group (tpusim/backend/lowering/collectives.py), so XLA schedules
+    the collectives among the kernels as on a TPU. It never runs: the segments do (collective_graph.py)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list, label: str, segments: int) -> None:
+        self.gm = gm
+        self.specs = list(example_inputs)
+        self.label = label
+        self.segments = segments
+        groups = {_group_of(n, example_inputs, gm) for n in gm.graph.nodes if is_collective(n) and len(n.args) > 1}
+        self.groups = len({key for key, _ in groups})
+        self.devices = max((size for _, size in groups), default=0) if self.groups == 1 else 0
+
+    def stablehlo(self) -> str:
+        """The whole graph's StableHLO for TPU over ``devices`` devices (raises when it cannot be one program)."""
+        import jax  # jax and the lowering table: see the module docstring
+        from jax.sharding import AbstractMesh, PartitionSpec
+
+        from tpusim.backend.lowering import jax_function
+        from tpusim.backend.lowering.collectives import AXIS, COLLECTIVES
+        from tpusim.backend.lowering.interpreter import needs_random
+
+        if self.groups != 1 or self.devices < 2:
+            raise ValueError(f"its collectives span {self.groups} process groups of sizes it cannot tell "
+                             f"(one program needs one group)")
+        fn = jax_function(self.gm, COLLECTIVES)
+        tensors = [i for i, t in enumerate(self.specs) if isinstance(t, torch.Tensor)]
+        random = needs_random(self.gm)
+
+        def per_device(*values: object) -> list:     # the process group and other non-tensors stay Python values
+            args = list(self.specs)
+            for i, value in zip(tensors, values):
+                args[i] = value
+            return [out for out in fn(*args, *values[len(tensors):]) if isinstance(out, jax.Array)]
+
+        specs = [_spec(self.specs[i]) for i in tensors] + ([jax.ShapeDtypeStruct((2,), "uint32")] if random else [])
+        spmd = jax.shard_map(per_device, mesh=AbstractMesh((self.devices,), (AXIS,)),
+                             in_specs=PartitionSpec(), out_specs=PartitionSpec(), check_vma=False)
+        return jax.jit(spmd).trace(*specs).lower(lowering_platforms=("tpu",)).as_text()
+
+
+def _group_of(node: torch.fx.Node, example_inputs: list, gm: torch.fx.GraphModule) -> tuple[str, int]:
+    """(which group, its size) of a functional collective: the size from its ``group_size`` argument, else
+    from the process group it names (0 when neither tells)."""
+    group = node.args[-1]
+    size = next((a for a in node.args[1:-1] if isinstance(a, int) and not isinstance(a, bool)), 0)
+    value = group
+    if isinstance(group, torch.fx.Node) and group.op == "placeholder":
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        value = example_inputs[placeholders.index(group)] if placeholders.index(group) < len(example_inputs) else None
+    if not size:
+        try:
+            from torch.distributed.distributed_c10d import _resolve_process_group
+
+            real = getattr(value, "real_obj", value)
+            size = int(real.size() if hasattr(real, "size") else _resolve_process_group(str(real)).size())
+        except Exception:   # not a group it can resolve: the whole-graph lowering says so, the segments still run
+            size = 0
+    return str(getattr(group, "name", group)), size
+
+
 class JaxGraph:
     """One Core ATen graph as a jitted JAX function, called with and returning torch tensors."""
 
@@ -291,6 +353,8 @@ def _compiler(kind: str, debug: TpuCompileDebug | None = None, name: str = "") -
         try:
             if has_collectives(gm):     # compiled segments with the collectives between them run by c10d
                 graph = SegmentedGraph(gm, lambda sub, fakes, part: JaxGraph(sub, fakes, kind, index, name, part))
+                graph.whole = SpmdGraph(gm, example_inputs, f"{name + ': ' if name else ''}graph {index} ({kind})",
+                                        graph.compiled_segments)
                 _REG.graphs.append(CompiledGraph(index, kind, ops, True, segments=graph.compiled_segments,
                                                  collectives=graph.collectives))
                 return graph

@@ -50,6 +50,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -89,6 +90,7 @@ class Recording:
     lock: threading.Lock = field(default_factory=threading.Lock)
     programs: int = 0               # compiled-program executions recorded (OpRecord.program numbers)
     program_runs: dict[int, tuple[Program, list[int]]] = field(default_factory=dict)   # id -> its executions
+    graph_runs: dict[int, tuple[WholeGraph, list[int]]] = field(default_factory=dict)  # id -> first segments' numbers
     synthetic_storages: int = 0     # storages of values that never leave a compiled program
     max_records: int = 0            # the record budget (TPUSIM_MAX_RECORDS; 0: none): see _over_budget
     stopped_after_step: int | None = None   # the budget stopped storing after this step (steps counts on;
@@ -242,6 +244,36 @@ def record_program(program: Program, inputs: list, outputs: list) -> None:
             records += [MemoryRecord(len(records) + k, "free", s, n) for k, (s, n) in enumerate(frees.get(i, ()))]
 
 
+class WholeGraph(Protocol):
+    """A graph with collectives lowered whole for the TPU compiler (compile.py's ``SpmdGraph``)."""
+
+    label: str
+    devices: int
+    segments: int
+
+    def stablehlo(self) -> str: ...
+
+
+_GRAPH_RUN = 0      # while a graph with collectives runs: the program number of its first segment
+
+
+@contextmanager
+def graph_run(graph: WholeGraph) -> Iterator[None]:
+    """One run of a graph with collectives: the collectives recorded meanwhile carry its first segment's
+    program number (``CollectiveRecord.program``), and the run is listed for the TPU compiler."""
+    global _GRAPH_RUN
+    rec = _ACTIVE
+    first = 0 if rec is None else rec.programs + 1
+    _GRAPH_RUN = first
+    try:
+        yield
+    finally:
+        _GRAPH_RUN = 0
+    if rec is not None and rec.programs >= first:
+        with rec.lock:
+            rec.graph_runs.setdefault(id(graph), (graph, []))[1].append(first)
+
+
 def _program_meta(rec: Recording, program: Program, v: int, storage: int) -> TensorMeta:
     value = program.values[v]
     tid = STATE.shim.record_tensor_id()
@@ -289,7 +321,7 @@ def record_collective(kind: str, nbytes: int, group: tuple[int, ...], inputs: li
         ins = _metas(rec, [t for t in inputs if t.device.type == "tpu"])
         outs = _metas(rec, [t for t in outputs if t.device.type == "tpu"])
         rec.records.append(CollectiveRecord(len(rec.records), kind, int(nbytes), tuple(group), ins, outs, mesh_axis,
-                                            reduce_op, dtype, async_op, where))
+                                            reduce_op, dtype, async_op, where, program=_GRAPH_RUN))
 
 
 def set_meta(key: str, value: object) -> None:
@@ -452,7 +484,8 @@ def stop() -> Trace:
     for source in _META_SOURCES:                # e.g. torch.compile's breaks and recompiles (tpusim/backend/compile.py)
         meta = meta.replace(**source())
     if rec.program_runs:
-        meta = meta.replace(xla_modules=tuple(_xla_module(p, runs) for p, runs in rec.program_runs.values()))
+        meta = meta.replace(xla_modules=(*(_xla_module(p, runs) for p, runs in rec.program_runs.values()),
+                                         *(_whole_module(g, runs) for g, runs in rec.graph_runs.values())))
     records = rec.records if rec.kept is None else rec.records[:rec.kept]
     numbered = all(r.seq == i for i, r in enumerate(records))   # as made: then no copy of each record
     rec.trace = Trace(records=tuple(records) if numbered else renumber(records), world_size=1, rank=0, meta=meta)
@@ -467,6 +500,15 @@ def _xla_module(program: Program, runs: list[int]) -> XlaModule:
         return XlaModule(program.label, program.stablehlo(), tuple(runs))
     except Exception as error:  # a lowering rule missing for TPU: the model prices this graph, and says why
         return XlaModule(program.label, programs=tuple(runs), error=f"lowering for TPU failed: {error}"[:300])
+
+
+def _whole_module(graph: WholeGraph, runs: list[int]) -> XlaModule:
+    """A graph with collectives, lowered whole over its group's devices, or why it could not be."""
+    module = XlaModule(graph.label, programs=tuple(runs), devices=graph.devices, segments=graph.segments)
+    try:
+        return dataclasses.replace(module, stablehlo=graph.stablehlo())
+    except Exception as error:  # a collective or op the whole-graph lowering lacks: its segments price it
+        return dataclasses.replace(module, error=f"lowering for TPU failed: {error}"[:300])
 
 
 @contextmanager

@@ -162,6 +162,16 @@ class FusedKernel(OpRecord):
 
 
 @dataclass(frozen=True)
+class CompiledProgram:
+    """What the TPU compiler built for a compiled program (``tpusim.xla.kernels``): its kernels and collectives
+    in XLA's schedule, standing for ``spans`` consecutive program executions from its own number (a graph
+    with collectives, compiled whole: its segments and the collectives recorded between them)."""
+
+    records: tuple[OpRecord | CollectiveRecord, ...]
+    spans: int = 1
+
+
+@dataclass(frozen=True)
 class FusionStats:
     """What fusion did to one record stream (for the report)."""
 
@@ -435,18 +445,49 @@ def _kernel_name(parts: Sequence[OpRecord]) -> str:
 
 
 def _compiled_kernels(records: Sequence[Record], flow: _Dataflow, window: list[int], end: int, chip: ChipSpec,
-                      built: Sequence[FusedKernel]) -> tuple[list[FusedKernel], dict[int, int]]:
-    """The kernels the TPU compiler built for one program execution, placed where its ops ran: the first
-    reads what enters the program, the last writes what leaves it (so what waits for them still waits),
-    and the program's ops spread over them in order (where its memory records go)."""
+                      number: int, built: Sequence[OpRecord | CollectiveRecord],
+                      recorded: Sequence[CollectiveRecord] = ()) -> tuple[list[Record], dict[int, int]]:
+    """What the TPU compiler built for program execution ``number``, placed where its ops ran: the first kernel
+    reads what enters the program, the last writes what leaves it (so what waits for them still waits), its
+    collectives run over the group the recorded ones used, and the program's ops spread over its records in
+    order (where its memory records go)."""
     whole, _ = _kernel(records, flow, window, end, chip)
     first = records[window[0]]
-    last = len(built) - 1
-    kernels = [dataclasses.replace(k, seq=first.seq, rank=first.rank, program=first.program, source=first.source,
-                                   inputs=whole.inputs if i == 0 else (), outputs=whole.outputs if i == last else ())
-               for i, k in enumerate(built)]
-    emitted = {pos: i * len(built) // len(window) for i, pos in enumerate(window)}
-    return kernels, emitted
+    kernels = [i for i, k in enumerate(built) if isinstance(k, OpRecord)]
+    group = recorded[0] if recorded else None
+    awaited = {t.storage for k in built if isinstance(k, OpRecord) for t in k.inputs}
+    # an async collective no kernel waits for ends the program: what leaves the program waits for it (the
+    # device runs in order, so later readers also come after the last kernel)
+    unawaited = [k for k in built if isinstance(k, CollectiveRecord) and k.async_op and group is not None
+                 and not any(t.storage in awaited for t in k.outputs)]
+    out: list[Record] = []
+    for i, k in enumerate(built):
+        if isinstance(k, OpRecord):
+            leaving = whole.outputs if i == kernels[-1] and not unawaited else ()
+            k = dataclasses.replace(k, seq=first.seq, rank=first.rank, program=number, source=first.source,
+                                    inputs=(*(whole.inputs if i == kernels[0] else ()), *k.inputs),
+                                    outputs=(*k.outputs, *leaving))
+        elif group is not None:
+            leaving = whole.outputs if unawaited and k is unawaited[-1] else ()
+            k = dataclasses.replace(k, seq=first.seq, rank=first.rank, source=first.source, group=group.group,
+                                    mesh_axis=group.mesh_axis, program=number, outputs=(*k.outputs, *leaving))
+        else:
+            continue                                # no recorded group to run it over: the kernels still run
+        out.append(k)
+    emitted = {pos: i * len(out) // len(window) for i, pos in enumerate(window)}
+    return out, emitted
+
+
+def _spans(records: Sequence[Record], compiled: Mapping[int, CompiledProgram]) -> dict[int, int]:
+    """Each graph compiled whole (``CompiledProgram.spans`` > 1): position of its first op -> of its last."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for pos, rec in enumerate(records):
+        if isinstance(rec, OpRecord | CollectiveRecord) and rec.program:
+            first.setdefault(rec.program, pos)
+            last[rec.program] = pos
+    return {first[n]: max(last[n + i] for i in range(c.spans) if n + i in last) for n, c in compiled.items()
+            if c.spans > 1 and c.records and n in first}
 
 
 # ---- windows ------------------------------------------------------------------------------------
@@ -473,15 +514,15 @@ def op_node(rec: OpRecord) -> Node:
 
 
 def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.0, eager: bool = True,
-         compiled: Mapping[int, Sequence[FusedKernel]] | None = None) -> Fused:
+         compiled: Mapping[int, CompiledProgram] | None = None) -> Fused:
     """Group ``records`` into fused kernels (see the module docstring).
 
     ``host_s_per_op`` > 0 adds, at each window's flush, one ``dispatch`` host record of
     that many seconds per op in the window (reason ``WINDOW_REASON``): the host recording
     the window while the device waits for it. ``eager=False`` fuses only compiled programs
     (Debug and Strict: their eager ops stay one kernel each). ``compiled`` maps a compiled program's
-    execution number to the kernels the TPU compiler built for it (``tpusim.xla.kernels``): they run in
-    place of this module's grouping of its ops.
+    execution number to what the TPU compiler built for it (``tpusim.xla.kernels``): it runs in place of
+    this module's grouping of its ops (and, for a graph compiled whole, of its segments and collectives).
     """
     compiled = compiled or {}
     records = list(records)
@@ -499,8 +540,9 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
             held.clear()
             return
         kernels, kept, emitted = [], set(), {}
-        if program in compiled and compiled[program]:
-            kernels, emitted = _compiled_kernels(records, flow, window, end, chip, compiled[program])
+        if program in compiled and compiled[program].records:
+            kernels, emitted = _compiled_kernels(records, flow, window, end, chip, program, compiled[program].records,
+                                                 span_collectives)
         else:
             grouper = _Grouper(records, flow, program=bool(program))
             for pos in window:
@@ -526,12 +568,33 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
                                       seconds=len(window) * host_s_per_op, source=first.source, rank=first.rank))
             totals.update(ops=len(window), kernels=len(kernels))
         out.extend(_interleave(kernels, [(q, m) for q, m in held if m.storage not in dropped], emitted))
-        totals.update(onchip=sum(k.onchip_bytes for k in kernels), reused=sum(k.reused_bytes for k in kernels),
-                      spilled=sum(k.spilled_bytes for k in kernels))
+        fused = [k for k in kernels if isinstance(k, FusedKernel)]
+        totals.update(onchip=sum(k.onchip_bytes for k in fused), reused=sum(k.reused_bytes for k in fused),
+                      spilled=sum(k.spilled_bytes for k in fused))
         window.clear()
         held.clear()
+        span_collectives.clear()
 
+    spans = _spans(records, compiled)                # graphs compiled whole: first op -> last op of their segments
+    span_end = -1
+    span_collectives: list[CollectiveRecord] = []
     for pos, rec in enumerate(records):
+        if pos in spans:                            # XLA's one program stands for the segments and collectives
+            flush(pos, cutter.boundary("program"))
+            program, span_end = rec.program, spans[pos]
+        if pos <= span_end:
+            if isinstance(rec, OpRecord):
+                window.append(pos)
+            elif isinstance(rec, CollectiveRecord):
+                span_collectives.append(rec)
+            elif isinstance(rec, MemoryRecord):
+                held.append((pos, rec))
+            else:
+                out.append(rec)
+            if pos == span_end:
+                flush(pos + 1, cutter.boundary("program"))
+                program = 0
+            continue
         if isinstance(rec, MemoryRecord):
             held.append((pos, rec))
             continue

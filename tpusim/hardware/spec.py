@@ -75,6 +75,7 @@ class ChipSpec:
     jax_device_kinds: tuple[str, ...] = ()   # what JAX's Device.device_kind says on this chip ("TPU v5 lite")
     xla_topology_name: str = ""          # the generation in libtpu's topology strings ("v5p" in "v5p:2x2x2");
                                          # "": the TPU compiler (tpusim/xla/) cannot target it
+    xla_flags: str = ""                  # LIBTPU_INIT_ARGS the TPU compiler compiles with (what published runs set)
     default: bool = False                # tpusim's choice: the chip when nothing names one
     default_for_dims: tuple[int, ...] = ()   # tpusim's choice: topology strings of these many axes get it
     aliases: tuple[str, ...] = ()        # other names load_chip accepts ("tpu7x", "ironwood"), lower case

@@ -10,9 +10,9 @@ adding one = one row there.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
-from tpusim.eager.fusion import FusedKernel
+from tpusim.eager.fusion import CompiledProgram
 from tpusim.eager.modes import DEFAULT_MODE, get_mode
 from tpusim.hardware.spec import ChipSpec
 from tpusim.pricing.engine import simulate
@@ -32,7 +32,7 @@ def single_chip_topology(chip: ChipSpec) -> str:
 def price(trace: Trace, *, topology: str | Slice = "", chip: str | ChipSpec | None = None,
           mode: str = DEFAULT_MODE, chunk_bytes: int | None = None,
           progress: Callable[[str], None] | None = None,
-          compiled: Mapping[int, Sequence[FusedKernel]] | None = None) -> Timeline:
+          compiled: Mapping[int, CompiledProgram] | None = None) -> Timeline:
     """Simulate ``trace`` on a slice under one eager mode and return its Timeline; ``compiled``: the kernels
     the TPU compiler built for program executions (``tpusim.xla.programs``), priced in their place."""
     slice_ = topology if isinstance(topology, Slice) else build_slice(topology or "3d:1x1x1", chip=chip)

@@ -28,11 +28,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tpusim.eager.compile_cache import CompileCache, with_compiles
-from tpusim.eager.fusion import FusedKernel, fuse
+from tpusim.eager.fusion import CompiledProgram, FusedKernel, fuse
 from tpusim.eager.modes import EagerMode, get_mode
 from tpusim.hardware.spec import ChipSpec
 from tpusim.pricing.plan import ModePlan, issue_seconds, rank_records, stream
-from tpusim.trace.records import HostRecord, OpRecord, Record, Trace
+from tpusim.trace.records import CollectiveRecord, HostRecord, OpRecord, Record, Trace
 
 # Share of an eager op's host dispatch that Fused still pays per op: Python and the PyTorch
 # dispatcher run for every op, but the runtime enqueue is paid once per fused kernel. Estimate:
@@ -43,7 +43,7 @@ DEBUG_CHECK = "debug_check"     # reason of debug's flag read-back host records
 
 
 def plan(trace: Trace, mode: str | EagerMode, chip: ChipSpec,
-         compiled: Mapping[int, Sequence[FusedKernel]] | None = None) -> ModePlan:
+         compiled: Mapping[int, CompiledProgram] | None = None) -> ModePlan:
     """The ModePlan of ``trace`` under ``mode`` on ``chip`` (see the module docstring); ``compiled``: the
     kernels the TPU compiler built for program executions (``tpusim.xla.kernels``), priced in their place."""
     mode = mode if isinstance(mode, EagerMode) else get_mode(mode)
@@ -56,7 +56,7 @@ def plan(trace: Trace, mode: str | EagerMode, chip: ChipSpec,
 
 
 def _rewrite(records: Sequence[Record], mode: EagerMode, chip: ChipSpec,
-             compiled: Mapping[int, Sequence[FusedKernel]] | None) -> tuple[tuple[Record, ...], dict[str, Any]]:
+             compiled: Mapping[int, CompiledProgram] | None) -> tuple[tuple[Record, ...], dict[str, Any]]:
     meta: dict[str, Any] = {}
     if mode.fuse or any(isinstance(r, OpRecord) and r.program for r in records):
         record_s = RECORD_SHARE * chip.host_dispatch_ns / 1e9 if mode.fuse else 0.0
@@ -76,7 +76,7 @@ def dispatch_seconds(record: Record, chip: ChipSpec) -> float:
     """Host time to issue one planned record: a compiled program's ops cost nothing of their own
     (its launch is one host record); a fused kernel costs the share of a dispatch not paid while
     its ops were recorded; everything else as recorded."""
-    if isinstance(record, OpRecord) and record.program:
+    if isinstance(record, OpRecord | CollectiveRecord) and record.program:
         return 0.0
     if isinstance(record, FusedKernel):
         return (1.0 - RECORD_SHARE) * chip.host_dispatch_ns / 1e9

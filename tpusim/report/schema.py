@@ -273,6 +273,7 @@ class XlaProgramRow(Part):
     """modes.<mode>.xla.per_program[]: one compiled graph, its executions priced three ways."""
 
     label: str
+    devices: int
     executions: int
     fusions: int
     kernels: int

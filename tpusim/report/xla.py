@@ -49,10 +49,10 @@ def xla_section(estimates: XlaEstimates, timeline: Timeline, trace: Trace, chip:
     if not estimates.priced:
         return {"compiler": "model", "xla": {"fell_back": list(estimates.fell_back)}}
     priced, model = _priced_by_program(timeline, trace), _model_by_program(trace, chip)
-    per_program = [{"label": p.label, "executions": len(p.programs), "fusions": p.fusions, "kernels": p.kernels,
-                    "estimated_s": p.estimated_s * len(p.programs),
+    per_program = [{"label": p.label, "devices": p.devices, "executions": len(p.programs), "fusions": p.fusions,
+                    "kernels": p.kernels, "estimated_s": p.estimated_s * len(p.programs),
                     "priced_s": sum(priced.get(n, 0.0) for n in p.programs),
-                    "model_s": sum(model.get(n, 0.0) for n in p.programs),
+                    "model_s": sum(model.get(n, 0.0) for n in p.executions),
                     "hbm_peak_bytes": p.hbm_peak_bytes, "compile_s": p.compile_s, "cached": p.cached}
                    for p in estimates.compiled]
     per_program.sort(key=lambda p: -abs(p["priced_s"] - p["model_s"]))   # where the compiler changed most first

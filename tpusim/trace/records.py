@@ -116,6 +116,7 @@ class CollectiveRecord:
     async_op: bool = False
     source: str = ""
     rank: int = 0
+    program: int = 0                # >0: issued inside a compiled graph's run (its first segment's program number)
 
 
 @dataclass(frozen=True)
@@ -469,6 +470,8 @@ class XlaModule:
     stablehlo: str = ""
     programs: tuple[int, ...] = ()
     error: str = ""
+    devices: int = 1                # devices the program spans: a graph with collectives, lowered whole, over its group
+    segments: int = 1               # program executions one run stands for: its segments, consecutive from each number
 
 
 RANKS = ("one", "all")

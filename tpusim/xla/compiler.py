@@ -2,10 +2,11 @@
 
 Each compile runs ``python -m tpusim.xla.worker`` in a fresh process with the environment below: libtpu
 then never asks a cloud metadata server for its TPU (there is none), prints nothing, and a module it
-rejects (libtpu aborts the process on some) costs that process only. Results are cached by (module text,
-target, jax and libtpu versions) under ~/.cache/tpusim/xla, shared by every run and process: a program
-compiles once per machine. What cannot be compiled raises ``XlaUnavailable`` with the reason in words;
-callers fall back to tpusim's own model for that program and say so.
+rejects (libtpu aborts the process on some) costs that process only. The chip file's ``xla_flags`` (what
+published TPU runs pass libtpu: XLA's async collective fusion) are its LIBTPU_INIT_ARGS. Results are
+cached by (module text, target, flags, jax and libtpu versions) under ~/.cache/tpusim/xla, shared by every
+run and process: a program compiles once per machine. What cannot be compiled raises ``XlaUnavailable``
+with the reason in words; callers fall back to tpusim's own model for that program and say so.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -69,6 +71,7 @@ class XlaTarget:
     topology: str                      # "v5p:2x2x1"
     partitions: int
     clock_hz: float                    # XLA's estimated cycles are the chip's clock cycles
+    flags: str = ""                    # LIBTPU_INIT_ARGS of the compile (the chip file's xla_flags)
 
 
 @dataclass(frozen=True)
@@ -94,15 +97,24 @@ def versions() -> str:
     return ", ".join(f"{name} {importlib.metadata.version(name)}" for name in ("jax", "jaxlib", "libtpu"))
 
 
+# Virtual slices a program is compiled on, smallest first, per torus rank: the first that holds the program's
+# devices is used (its first devices). Adding a size = one entry here.
+SLICE_SHAPES = {
+    2: ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+    3: ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16", "16x16x16"),
+}
+
+
 def target_for(chip: ChipSpec, partitions: int = 1) -> XlaTarget:
     """The smallest virtual slice of ``chip`` that holds ``partitions`` devices (one chip's program: one)."""
     if not chip.xla_topology_name:
         raise XlaUnavailable(f"the TPU compiler has no target for chip {chip.name} (its chip file names no "
                              f"xla_topology_name)")
-    if partitions != 1:
-        raise XlaUnavailable("programs over several devices are not compiled yet (one device per program)")
-    shape = "2x2x1" if chip.torus_dims == 3 else "x".join("1" * chip.torus_dims)
-    return XlaTarget(chip.name, f"{chip.xla_topology_name}:{shape}", partitions, chip.clock_hz)
+    shapes = SLICE_SHAPES.get(chip.torus_dims, ())
+    shape = next((s for s in shapes if math.prod(int(d) for d in s.split("x")) >= partitions), None)
+    if shape is None:
+        raise XlaUnavailable(f"no virtual {chip.name} slice here holds a program over {partitions} devices")
+    return XlaTarget(chip.name, f"{chip.xla_topology_name}:{shape}", partitions, chip.clock_hz, chip.xla_flags)
 
 
 def cache_dir() -> Path:
@@ -115,7 +127,8 @@ def compile_stablehlo(text: str, target: XlaTarget, *, timeout_s: float = TIMEOU
     why = missing()
     if why:
         raise XlaUnavailable(why)
-    key = hashlib.sha256(f"{target.topology}|{target.partitions}|{versions()}\n{text}".encode()).hexdigest()
+    identity = f"{target.topology}|{target.partitions}|{target.flags}|{versions()}\n{text}"
+    key = hashlib.sha256(identity.encode()).hexdigest()
     cached = cache_dir() / f"{key[:32]}.json"
     try:
         found = json.loads(cached.read_text())
@@ -140,7 +153,8 @@ def _run_worker(text: str, target: XlaTarget, timeout_s: float) -> tuple[dict, f
         began = time.perf_counter()
         try:
             done = subprocess.run([sys.executable, "-m", WORKER, str(request), str(result)],
-                                  env={**os.environ, **QUIET_ENV}, capture_output=True, text=True,
+                                  env={**os.environ, **QUIET_ENV, "LIBTPU_INIT_ARGS": target.flags},
+                                  capture_output=True, text=True,
                                   timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise XlaUnavailable(f"the TPU compiler ran past {timeout_s:g} s") from None

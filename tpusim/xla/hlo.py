@@ -101,10 +101,24 @@ class XlaCollective:
 
 
 @dataclass(frozen=True)
+class Step:
+    """One entry of XLA's schedule of one execution, loops unrolled: a kernel (``fusion``), a synchronous
+    collective, or an async collective's start or done (``key`` pairs them)."""
+
+    what: str                          # "kernel", "collective", "start" or "done"
+    fusion: Fusion | None = None
+    opcode: str = ""                   # the collective's ("all-gather", ...)
+    bytes: int = 0                     # the collective's input, per device
+    dtype: str = ""
+    key: str = ""
+
+
+@dataclass(frozen=True)
 class XlaProgram:
     fusions: tuple[Fusion, ...]
     collectives: tuple[XlaCollective, ...]
     other_cycles: int                  # scheduled non-fusion instructions with an estimate (copies, ...)
+    schedule: tuple[Step, ...] = ()
 
     @property
     def estimated_cycles(self) -> int:
@@ -242,19 +256,23 @@ def boundary_bytes(calls: str, comps: dict[str, list[Instruction]], output_bytes
             users.setdefault(operand, []).append((instruction, position))
     shapes = {i.name: i.shape for i in body}
     read = 0
+    root = next((i for i in reversed(body) if i.opcode != "parameter"), None)
     for parameter in (i for i in body if i.opcode == "parameter"):
         uses = users.get(parameter.name, [])
         if uses and all(u.opcode == IN_PLACE and k == 0 for u, k in uses):
             continue
+        if uses and all(u.opcode in COLLECTIVES or u is root and u.opcode == "tuple" for u, _ in uses):
+            continue                # a collective's shard, or passed through: the ICI model moves it
         if uses and all(u.opcode in SLICES and k == 0 for u, k in uses):
             read += min(parameter.output_bytes, sum(u.output_bytes for u, _ in uses))
         else:
             read += parameter.output_bytes
-    root = next((i for i in reversed(body) if i.opcode != "parameter"), None)
     roots = [root] if root is not None and root.opcode != "tuple" else \
         [next((i for i in body if i.name == o), None) for o in (root.operands if root else ())]
     written = 0
     for out in roots:
+        if out is not None and out.opcode in (*COLLECTIVES, "parameter", "custom-call"):
+            continue                # a collective's progress or a passthrough of an async collective fusion
         if out is not None and out.opcode == IN_PLACE and len(out.operands) > 1:
             written += shape_bytes(shapes.get(out.operands[1], ""))
         else:
@@ -351,41 +369,78 @@ def _trip_count(condition: list[Instruction]) -> int:
     return 1
 
 
+ASYNC_FUSION = {"AsyncCollectiveStart": "start", "AsyncCollectiveDone": "done"}
+
+
+def _async_collective(fusion: Instruction, comps: dict[str, list[Instruction]]) -> Step | None:
+    """The start or done of an async collective fusion (XLA:TPU's continuation fusion: a custom call
+    ``AsyncCollectiveStart``/``Done`` around the collective; the compute fusions between carry it on), as a
+    schedule step keyed by the collective's chain; None for any other fusion."""
+    body = comps.get(fusion.attribute("calls") or "", [])
+    marks = [ASYNC_FUSION[m] for i in body if i.opcode == "custom-call"
+             for m in re.findall(r'custom_call_target="(\w+)"', i.attributes) if m in ASYNC_FUSION]
+    collective = next((i for i in body if i.opcode in COLLECTIVES), None)
+    if not marks or collective is None:
+        return None
+    shapes = {i.name: i.shape for i in body}
+    chain = re.search(r'chain_id="([^"]*)"', collective.attributes)
+    key = f"chain:{chain.group(1) if chain else collective.name}"
+    sent = sum(shape_bytes(shapes.get(o, "")) for o in collective.operands)
+    dtype = _element_type(shapes.get(collective.operands[0], "")) if collective.operands else ""
+    return Step(marks[0], opcode=collective.opcode, bytes=sent, dtype=dtype, key=key)
+
+
 def parse_program(text: str) -> XlaProgram:
-    """The fusions, collectives and estimated cycles of XLA's scheduled program ``text``."""
+    """The fusions, collectives, schedule and estimated cycles of XLA's scheduled program ``text``."""
     comps, entry = computations(text)
     fusions: list[Fusion] = []
     collectives: list[XlaCollective] = []
     other = 0
 
-    def walk(name: str, times: int, seen: tuple[str, ...]) -> None:
+    def walk(name: str, times: int, seen: tuple[str, ...]) -> list[Step]:
         nonlocal other
         if name not in comps or name in seen:
-            return
+            return []
         body = comps[name]
         position = {i.name: k for k, i in enumerate(body)}
+        shapes = {i.name: i.shape for i in body}
+        steps: list[Step] = []
         for k, instruction in enumerate(body):
             op = instruction.opcode
-            if op == "fusion":
+            marker = _async_collective(instruction, comps) if op == "fusion" else None
+            if marker is not None:          # XLA's async collective fusion: its start or its done
+                steps.append(marker)
+            elif op == "fusion":
                 calls = instruction.attribute("calls") or ""
-                fusions.append(Fusion(instruction.name, instruction.attribute("kind") or "",
-                                      instruction.estimated_cycles or 0, instruction.estimated_vmem_bytes or 0,
-                                      instruction.output_bytes, times,
-                                      *boundary_bytes(calls, comps, instruction.output_bytes),
-                                      fused_work(calls, comps), _element_type(instruction.shape)))
+                fusion = Fusion(instruction.name, instruction.attribute("kind") or "",
+                                instruction.estimated_cycles or 0, instruction.estimated_vmem_bytes or 0,
+                                instruction.output_bytes, times,
+                                *boundary_bytes(calls, comps, instruction.output_bytes), fused_work(calls, comps),
+                                _element_type(instruction.shape))
+                fusions.append(fusion)
+                steps.append(Step("kernel", fusion))
             elif instruction.estimated_cycles is not None:
                 other += instruction.estimated_cycles * times
+            operand = shapes.get(instruction.operands[0], "") if instruction.operands else ""
+            sent = sum(shape_bytes(shapes.get(o, "")) for o in instruction.operands)   # a combined one: all of them
             if op in COLLECTIVES:
                 collectives.extend([XlaCollective(op, instruction.output_bytes, False)] * times)
+                steps.append(Step("collective", opcode=op, bytes=sent, dtype=_element_type(operand)))
+            elif op.endswith("-start") and op[:-6] in COLLECTIVES:
+                steps.append(Step("start", opcode=op[:-6], bytes=sent, dtype=_element_type(operand),
+                                  key=instruction.name))
             elif op.endswith("-done") and op[:-5] in COLLECTIVES and instruction.operands:
                 start = position.get(instruction.operands[0], k)
                 between = sum(i.estimated_cycles or 0 for i in body[start + 1:k])
                 collectives.extend([XlaCollective(op[:-5], instruction.output_bytes, True, between)] * times)
+                steps.append(Step("done", opcode=op[:-5], key=instruction.operands[0]))
             if op == "while":
                 loop_body, condition = instruction.attribute("body"), instruction.attribute("condition")
-                walk(loop_body, times * _trip_count(comps.get(condition, [])), (*seen, name))
+                trips = _trip_count(comps.get(condition, []))
+                steps += walk(loop_body, times * trips, (*seen, name)) * trips
             elif op in ("call", "conditional", "async-start") and instruction.attribute("calls"):
-                walk(instruction.attribute("calls"), times, (*seen, name))
+                steps += walk(instruction.attribute("calls"), times, (*seen, name))
+        return steps
 
-    walk(entry, 1, ())
-    return XlaProgram(tuple(fusions), tuple(collectives), other)
+    schedule = walk(entry, 1, ())
+    return XlaProgram(tuple(fusions), tuple(collectives), other, tuple(schedule))

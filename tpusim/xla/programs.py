@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tpusim.eager.fusion import FusedKernel
+from tpusim.eager.fusion import CompiledProgram, FusedKernel
 from tpusim.hardware.spec import ChipSpec
 from tpusim.trace.records import Trace
 from tpusim.xla.compiler import XlaUnavailable, compile_stablehlo, missing, target_for
 from tpusim.xla.hlo import parse_program
-from tpusim.xla.kernels import program_kernels
+from tpusim.xla.kernels import program_records
 
 COMPILERS = ("auto", "xla", "model")   # --compiler: auto = xla where the extra is installed
 
@@ -27,18 +27,24 @@ class ProgramEstimate:
     """XLA's view of one compiled graph, per execution."""
 
     label: str
-    programs: tuple[int, ...]          # the executions (OpRecord.program numbers)
+    programs: tuple[int, ...]          # the executions (OpRecord.program numbers; a whole graph's first segment's)
     fusions: int                       # distinct fusions XLA built
     estimated_s: float                 # XLA's estimated cycles over the chip's clock
     hbm_peak_bytes: int                # the compiled executable's peak memory
     compile_s: float
     cached: bool
-    built: tuple[FusedKernel, ...] = ()   # the kernels one execution launches (loops counted), for pricing
+    built: CompiledProgram = CompiledProgram(())   # one execution in XLA's schedule, for pricing
+    devices: int = 1                   # devices the program spans (a graph with collectives: its group)
 
     @property
     def kernels(self) -> int:
         """XLA's kernels launched per execution (loops counted)."""
-        return len(self.built)
+        return sum(1 for r in self.built.records if isinstance(r, FusedKernel))
+
+    @property
+    def executions(self) -> tuple[int, ...]:
+        """Every program execution it stands for (a whole graph: each run's segments)."""
+        return tuple(n + i for n in self.programs for i in range(self.built.spans))
 
 
 @dataclass(frozen=True)
@@ -52,8 +58,8 @@ class XlaEstimates:
     def priced(self) -> bool:
         return bool(self.compiled)
 
-    def kernels(self) -> dict[int, tuple[FusedKernel, ...]]:
-        """Each compiled program execution (``OpRecord.program``) -> the kernels XLA built for it."""
+    def kernels(self) -> dict[int, CompiledProgram]:
+        """Each compiled program execution (``OpRecord.program``) -> what XLA built for it."""
         return {n: p.built for p in self.compiled for n in p.programs}
 
 
@@ -67,25 +73,32 @@ def use_compiler(choice: str) -> bool:
 
 def estimate_programs(trace: Trace, chip: ChipSpec,
                       progress: Callable[[str], None] | None = None) -> XlaEstimates:
-    """Compile each of the trace's graphs for ``chip`` (cached) and read XLA's estimate of it."""
-    modules = trace.meta.xla_modules or ()
-    try:
-        target = target_for(chip)
-    except XlaUnavailable as why:           # the chip itself: every graph falls back for the same reason
-        return XlaEstimates(fell_back=tuple(f"{module.label}: {why}" for module in modules))
-    compiled, fell_back = [], []
+    """Compile each of the trace's graphs for ``chip`` (cached) and read what XLA built. A graph with
+    collectives is compiled whole over its group first; its segments only where that fails."""
+    modules = sorted(trace.meta.xla_modules or (), key=lambda m: m.devices == 1)     # whole graphs first
+    compiled: list[ProgramEstimate] = []
+    fell_back: list[str] = []
+    covered: set[int] = set()
     for module in modules:
+        runs = tuple(n for n in module.programs if n not in covered)
+        if not runs:
+            continue                         # its graph was compiled whole: nothing left for this segment
         try:
             if module.error:
                 raise XlaUnavailable(module.error)
+            target = target_for(chip, module.devices)
             if progress:
-                progress(f"TPU compiler: {module.label}")
+                progress(f"TPU compiler: {module.label}" + (f" ({module.devices} devices)" if module.devices > 1
+                                                            else ""))
             result = compile_stablehlo(module.stablehlo, target)
             program = parse_program(result.hlo)
-            compiled.append(ProgramEstimate(module.label, module.programs, len(program.fusions),
-                                            program.estimated_cycles / target.clock_hz,
-                                            result.memory.get("peak_memory_in_bytes", 0), result.compile_s,
-                                            result.cached, program_kernels(program)))
+            estimate = ProgramEstimate(module.label, runs, len(program.fusions),
+                                       program.estimated_cycles / target.clock_hz,
+                                       result.memory.get("peak_memory_in_bytes", 0), result.compile_s,
+                                       result.cached, program_records(program, module.segments), module.devices)
+            compiled.append(estimate)
+            covered.update(estimate.executions)
         except XlaUnavailable as why:
-            fell_back.append(f"{module.label}: {why}")
+            fell_back.append(f"{module.label}: {why}" + (" (its segments are compiled one by one)"
+                                                         if module.devices > 1 else ""))
     return XlaEstimates(tuple(compiled), tuple(fell_back))

@@ -9,7 +9,7 @@ caller can fall back (or a user can add one entry) instead of failing at the fir
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import jax
 import numpy as np
@@ -69,10 +69,13 @@ def needs_random(gm: torch.fx.GraphModule) -> bool:
                and torch.Tag.nondeterministic_seeded in n.target.tags for n in gm.graph.nodes)
 
 
-def missing_ops(gm: torch.fx.GraphModule) -> list[str]:
+def missing_ops(gm: torch.fx.GraphModule, extra: Mapping[object, Callable] | None = None) -> list[str]:
+    """The ops of ``gm`` neither the lowering table nor ``extra`` lowers."""
     missing = set()
+    extra = extra or {}
     for n in gm.graph.nodes:
-        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and not covered(n.target):
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and not covered(n.target) \
+                and n.target not in extra and n.target.overloadpacket not in extra:
             missing.add(str(n.target))
         elif n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload) \
                 and n.target is not operator.getitem and not _python_op(n.target):
@@ -80,9 +83,11 @@ def missing_ops(gm: torch.fx.GraphModule) -> list[str]:
     return sorted(missing)
 
 
-def jax_function(gm: torch.fx.GraphModule) -> Callable[..., list]:
-    """``fn(*inputs)`` (plus a trailing PRNG key when ``needs_random(gm)``) evaluating ``gm`` in JAX."""
-    missing = missing_ops(gm)
+def jax_function(gm: torch.fx.GraphModule, extra: Mapping[object, Callable] | None = None) -> Callable[..., list]:
+    """``fn(*inputs)`` (plus a trailing PRNG key when ``needs_random(gm)``) evaluating ``gm`` in JAX; ``extra``
+    lowers ops the table leaves out (overload or packet -> function), e.g. collectives inside a shard_map."""
+    extra = extra or {}
+    missing = missing_ops(gm, extra)
     if missing:
         raise MissingLowering(missing)
     nodes = list(gm.graph.nodes)
@@ -110,7 +115,10 @@ def jax_function(gm: torch.fx.GraphModule) -> Callable[..., list]:
                 elif n.op == "call_function":
                     args = torch.fx.node.map_aggregate(n.args, load)
                     kwargs = torch.fx.node.map_aggregate(n.kwargs, load)
-                    if isinstance(n.target, torch._ops.OpOverload):
+                    special = extra.get(n.target) or extra.get(getattr(n.target, "overloadpacket", None))
+                    if special is not None:
+                        env[n.name] = special(*args, **kwargs)
+                    elif isinstance(n.target, torch._ops.OpOverload):
                         entry = lookup(n.target)
                         if entry is None:              # in-place op left by a decomposition: rebind self
                             functional = lookup(inplace_target(n.target)).fn

@@ -51,7 +51,7 @@ def xla_section(estimates: XlaEstimates, timeline: Timeline, trace: Trace, chip:
     priced, model = _priced_by_program(timeline, trace), _model_by_program(trace, chip)
     per_program = [{"label": p.label, "devices": p.devices, "executions": len(p.programs), "fusions": p.fusions,
                     "kernels": p.kernels, "estimated_s": p.estimated_s * len(p.programs),
-                    "priced_s": sum(priced.get(n, 0.0) for n in p.programs),
+                    "priced_s": sum(priced.get(n, 0.0) for n in p.executions),
                     "model_s": sum(model.get(n, 0.0) for n in p.executions),
                     "hbm_peak_bytes": p.hbm_peak_bytes, "compile_s": p.compile_s, "cached": p.cached}
                    for p in estimates.compiled]

@@ -68,6 +68,7 @@ def test_the_report_gives_xlas_estimate_of_each_compiled_graph(tmp_path):
     names = {e.get("name", "") for e in trace["traceEvents"]}
     assert all(f"xla:{f.name}[{f.kind}]" in names for p in programs for f in p.fusions)   # Perfetto shows them
     assert "TPU compiler (XLA): 2 compiled graphs, 6 executions" in done.stdout
+    assert "TPU compiler (strict)" in (tmp_path / "out" / "report.html").read_text()
     assert "libtpu" not in done.stderr and "TPU_" not in done.stderr     # nothing of libtpu's start-up noise
 
 

@@ -101,6 +101,25 @@ def measured_context(measured: MeasuredSection) -> dict[str, Any]:
             "errors": [(m, r.error.traceback or "") for m, r in measured.modes.items() if r.error]}
 
 
+def compiler_context(mode: ModeSection) -> dict[str, Any] | None:
+    """The TPU compiler's section (tpusim/report/xla.py) in words and rows; None when no program was compiled."""
+    xla = mode.xla
+    if xla is None:
+        return None
+    if mode.compiler != "xla":
+        return {"line": f"Not used: {xla.fell_back[0].split(': ', 1)[-1] if xla.fell_back else 'no program'}.",
+                "rows": [], "fell_back": []}
+    line = (f"{xla.programs} compiled graphs, {xla.executions} executions, {xla.kernels} kernels run: tpusim on "
+            f"XLA's kernels {seconds_text(xla.priced_s)} (in the step time), XLA's own estimate "
+            f"{seconds_text(xla.estimated_s)}, tpusim's model without the compiler {seconds_text(xla.model_s)}; "
+            f"HBM peak {format_bytes(xla.hbm_peak_bytes)}.")
+    return {"line": line,
+            "rows": [[p.label, p.devices, p.executions, p.fusions, seconds_text(p.priced_s),
+                      seconds_text(p.estimated_s), seconds_text(p.model_s),
+                      f"{p.compile_s:.1f} s" + (" (cached)" if p.cached else "")] for p in xla.per_program],
+            "fell_back": xla.fell_back}
+
+
 def render_html(report: Report, figures: dict[str, Path]) -> str:
     """report.html from templates/report.html (Jinja2, autoescaped): one page, figures embedded."""
     run, modes = report.run, report.modes
@@ -134,5 +153,6 @@ def render_html(report: Report, figures: dict[str, Path]) -> str:
                     for o in summary.top_ops] if summary is not None else [],
         "stalls": [[s.reason, s.source, seconds_text(s.seconds)] for s in summary.host_stalls]
         if summary is not None else [],
+        "xla": compiler_context(summary) if summary is not None else None,
     }
     return TEMPLATES.get_template("report.html").render(context)

@@ -10,8 +10,17 @@ from test_xla_hlo import WORK
 from tpusim.eager.fusion import CompiledProgram, fuse
 from tpusim.hardware.compute import kernel_cost
 from tpusim.pricing import price
+from tpusim.pricing.planning import plan
 from tpusim.slice.topology import build_slice
-from tpusim.trace.records import CollectiveRecord, MemoryRecord, OpRecord, StepMarker, Trace, renumber
+from tpusim.trace.records import (
+    CollectiveRecord,
+    MemoryRecord,
+    OpRecord,
+    StepMarker,
+    Trace,
+    record_signature,
+    renumber,
+)
 from tpusim.xla.hlo import Fusion, Step, XlaProgram, parse_program
 from tpusim.xla.kernels import program_records
 
@@ -106,3 +115,23 @@ def test_an_all_gather_xla_overlaps_is_priced_hidden():
     assert gather_s > busy_s == pytest.approx(11e-6)                  # 10 MB at 1 TB/s, plus a 1 us launch
     assert runs[True].collective_exposed_s == pytest.approx(max(0.0, gather_s - busy_s), abs=1e-9)
     assert 0 < runs[True].collective_exposed_s < gather_s
+
+
+# ---- eager ops XLA compiled one by one (Strict and Debug) ------------------------------------------------
+def test_an_eager_op_runs_as_its_xla_kernels_dispatched_and_compiled_once_in_strict_not_in_fused():
+    records = traced()
+    neg = records[1]
+    built = {record_signature(neg): XLA}
+    strict = fuse(records, toy_chip(), eager=False, compiled_ops=built)
+    ks = kernels(strict.records)
+    assert [k.op for k in ks[:3]] == ["xla:batched[kOutput]", "xla:projected[kOutput]", "xla:in_place[kLoop]"]
+    first, middle, last = ks[:3]
+    assert first.inputs == neg.inputs and last.outputs == neg.outputs and middle.inputs == middle.outputs == ()
+    assert first.parts == (neg,) and [k.follows for k in ks[:3]] == [False, True, True]
+    chip = toy_chip(compile_s=1.0)
+    planned = plan(Trace(records), "strict", chip, compiled_ops=built)
+    dispatch = dict(zip(planned.streams[0].records, planned.streams[0].dispatch_s))
+    assert [dispatch[k] for k in ks[:3]] == [pytest.approx(0.5e-6), 0.0, 0.0]      # one op, one dispatch
+    assert planned.meta["compile_cache"].misses == 1 + 1 + 1   # neg, abs, and the one program (run twice)
+    fused = fuse(records, toy_chip(), compiled_ops=built)      # Fused: its clusters stay tpusim's
+    assert not any(k.op.startswith("xla:") for k in kernels(fused.records))

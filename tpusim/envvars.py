@@ -120,6 +120,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TPUSIM_DEBUG_CHECK", YES_NO, yes_no, True),
     Variable("TPUSIM_DEBUG_LOG", YES_NO, yes_no, False),
     Variable("TPUSIM_DUMP_STABLEHLO", "a folder to write each compiled graph's StableHLO into", _text),
+    Variable("TPUSIM_XLA_OPS", YES_NO, yes_no, False),   # record eager ops' StableHLO (tpusim run --compiler)
     Variable("TPUSIM_MAX_RECORDS", "a whole number of records >= 0, e.g. 2e6 (0: no limit)", whole(0),
              MAX_RECORDS_DEFAULT),
     # distributed (tpusim/backend/distributed/)

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from tpusim.eager.fusion import FusedKernel
 from tpusim.hardware.compute import kernel_cost
 from tpusim.hardware.spec import load_chip
-from tpusim.trace.records import read_trace
+from tpusim.trace.records import OpRecord, read_trace, record_signature
 from tpusim.xla.compiler import compile_stablehlo, missing, target_for
 from tpusim.xla.hlo import parse_program
-from tpusim.xla.kernels import program_kernels
+from tpusim.xla.kernels import program_kernels, program_records
 
 pytestmark = [pytest.mark.xla, pytest.mark.skipif(missing() is not None, reason=str(missing()))]
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,3 +79,40 @@ def test_compiler_model_leaves_the_programs_to_the_model_and_says_so(tmp_path):
     assert mode["compiler"] == "model" and "priced_s" not in mode["xla"]
     assert mode["xla"]["fell_back"] == ["graph 0 (forward): --compiler model", "graph 1 (backward): --compiler model"]
     assert "TPU compiler: not used (--compiler model)" in done.stdout
+
+
+EAGER = """
+import torch
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)).to("tpu")
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    model(torch.randn(64, 256, device="tpu")).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_eager_ops_run_as_xlas_kernels_in_strict_and_debug_not_in_fused(tmp_path):
+    script = tmp_path / "eager.py"
+    script.write_text(EAGER)
+    out = tmp_path / "eager"
+    done = subprocess.run([sys.executable, "-m", "tpusim", "run", str(script), "--chip", "v5e", "--mode", "all",
+                           "--compiler", "xla", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    modes = json.loads((out / "report.json").read_text())["modes"]
+    trace = read_trace(out / "program.jsonl")
+    lowered = [m for m in trace.meta.xla_ops if m.stablehlo]
+    target, chip = target_for(load_chip("v5e")), load_chip("v5e")
+    built = {m.label: program_records(parse_program(compile_stablehlo(m.stablehlo, target).hlo)) for m in lowered}
+    eager_ops = [r for r in trace.records if isinstance(r, OpRecord) and record_signature(r) in built
+                 and any(isinstance(k, FusedKernel) for k in built[record_signature(r)].records)]
+    for name in ("strict", "debug"):
+        ops = modes[name]["xla"]["ops"]
+        assert ops["compiled"] == len(lowered) and ops["calls"] == len(eager_ops) > 0
+        if name == "strict":      # each call: its kernels, each the chip's model of it
+            expected = sum(kernel_cost(k, chip).seconds for op in eager_ops
+                           for k in built[record_signature(op)].records if isinstance(k, FusedKernel))
+            assert ops["priced_s"] == pytest.approx(expected, rel=1e-6)
+    assert modes["fused"]["xla"]["ops"]["calls"] == 0                   # Fused clusters stay tpusim's
+    assert "TPU compiler (XLA), eager ops:" in done.stdout

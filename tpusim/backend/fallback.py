@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tpusim.backend import costs, debug, kernels, policy, recorder, schema, shim, source
+from tpusim.backend import debug, kernels, op_programs, policy, recorder, schema, shim, source
 from tpusim.backend.schema import DEVICE, DTYPE, TENSOR, TENSOR_LIST
 from tpusim.backend.source import user_source
 from tpusim.backend.state import STATE
@@ -277,7 +277,7 @@ def _lookup(name: str) -> torch._ops.OpOverload:
 def native_plan(name: str) -> tuple:
     """What the shim's fallback needs to know about overload ``name`` ("aten::add.Tensor"), asked once:
     (the OpOverload, its recorded name, whether every call comes here, whether its cost is asked at the op
-    (``costs.reads_arguments``), the indices of the arguments it writes, of its dtype arguments, whether a
+    (``op_programs.asked_at_op``), the indices of the arguments it writes, of its dtype arguments, whether a
     result may be a view of an argument, whether it draws random numbers, the index of its Generator?
     argument or -1, whether a kernel of the shim's own may stand in for its hand-written one (an aten op
     without device arguments: tpusim/backend/csrc/fallback.cpp native_kernels)). Random ops draw from the device's
@@ -292,7 +292,7 @@ def native_plan(name: str) -> tuple:
     python = python or plan.name in policy.NON_NATIVE_RESULTS         # the float64/complex policy at the op
     written = [*facts.written_positions, *(names.index(k) for k in facts.written_keywords)]
     generator = plan.gen_index if plan.gen_index >= 0 else names.index(plan.gen_name) if plan.gen_name else -1
-    return (op, plan.name, python, costs.reads_arguments(plan.name), written,
+    return (op, plan.name, python, op_programs.asked_at_op(plan.name), written,
             [i for i, kind in kinds if kind == DTYPE], facts.returns_view, plan.random, generator, native_ok)
 
 

@@ -56,7 +56,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from tpusim import envvars
-from tpusim.backend import costs, policy
+from tpusim.backend import costs, op_programs, policy
 from tpusim.backend.program import Program
 from tpusim.backend.source import user_source
 from tpusim.backend.state import STATE
@@ -91,6 +91,7 @@ class Recording:
     programs: int = 0               # compiled-program executions recorded (OpRecord.program numbers)
     program_runs: dict[int, tuple[Program, list[int]]] = field(default_factory=dict)   # id -> its executions
     graph_runs: dict[int, tuple[WholeGraph, list[int]]] = field(default_factory=dict)  # id -> first segments' numbers
+    op_calls: dict[str, tuple[str, tuple]] | None = None   # TPUSIM_XLA_OPS: op signature -> its first call
     synthetic_storages: int = 0     # storages of values that never leave a compiled program
     max_records: int = 0            # the record budget (TPUSIM_MAX_RECORDS; 0: none): see _over_budget
     stopped_after_step: int | None = None   # the budget stopped storing after this step (steps counts on;
@@ -185,7 +186,14 @@ def record_op(op: object, name: str, inputs: list[torch.Tensor], out: object, ar
 
 def shaped_cost(name: str, inputs: list[torch.Tensor], outs: list[torch.Tensor], args: tuple) -> costs.OpCost:
     """An op's cost from its device tensors and positional arguments (the shim asks at the op for the ops
-    whose rule reads them, ``costs.reads_arguments``)."""
+    whose rule reads them, and for every op when the TPU compiler wants each op's program:
+    ``op_programs.asked_at_op``)."""
+    rec = _ACTIVE
+    if rec is not None and rec.op_calls is not None:
+        try:
+            op_programs.note(rec.op_calls, name, inputs, outs, args)
+        except Exception:  # never break the user's program: this op is then priced by the model
+            pass
     try:
         return costs.op_cost(name, inputs, outs, args)
     except Exception:  # a cost rule must never break the user's program
@@ -451,7 +459,7 @@ def start(meta: dict[str, object] | None = None, max_records: int | None = None)
         raise RuntimeError("tpusim: a recording is already active; nest no recordings")
     budget = int(envvars.read("TPUSIM_MAX_RECORDS")) if max_records is None else max_records
     rec = Recording(meta=TraceMeta(eager_mode=eager.get_eager_mode()).replace(**(meta or {})),  # the mode it started in
-                    max_records=budget)
+                    max_records=budget, op_calls={} if op_programs.enabled() else None)
     STATE.shim.record_classes(MemoryRecord, TensorMeta, OpRecord, HostRecord, costs.counted_cost, _COPY_FAMILY)
     STATE.shim.record_start()
     _HOOK_HANDLE = register_optimizer_step_post_hook(_optimizer_hook)
@@ -483,6 +491,9 @@ def stop() -> Trace:
     meta = meta.replace(**rec.meta.set_fields())  # what layers above set wins
     for source in _META_SOURCES:                # e.g. torch.compile's breaks and recompiles (tpusim/backend/compile.py)
         meta = meta.replace(**source())
+    if rec.op_calls:
+        meta = meta.replace(xla_ops=tuple(op_programs.lowered(key, name, args)
+                                          for key, (name, args) in rec.op_calls.items()))
     if rec.program_runs:
         meta = meta.replace(xla_modules=(*(_xla_module(p, runs) for p, runs in rec.program_runs.values()),
                                          *(_whole_module(g, runs) for g, runs in rec.graph_runs.values())))

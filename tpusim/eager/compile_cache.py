@@ -180,6 +180,8 @@ def with_compiles(records: Sequence[Record], chip: ChipSpec, cache: CompileCache
             # a program's or cluster's region is looked up at its first kernel; its later kernels find None
             where = _region_of(rec)
             region = rec if where is None else regions.pop(where, None)
+            if getattr(rec, "follows", False):      # a later kernel of the executable just looked up
+                region = None
             in_cluster = region is not None and where is not None and where[0] == "cluster"
             cache.clusters += in_cluster
             if region is not None and not cache.lookup(region):

@@ -93,6 +93,7 @@ from tpusim.trace.records import (
     Record,
     StepMarker,
     TensorMeta,
+    record_signature,
 )
 
 WINDOW_REASON = "fused_window"   # HostRecord reason of the host time spent recording a window
@@ -149,6 +150,8 @@ class FusedKernel(OpRecord):
     spilled_bytes: float = 0.0      # on-chip traffic that did not fit VMEM, counted as HBM
     cluster: int = 0                # the eager cluster (one compiled executable) it belongs to, from 1; 0: none
     cut: str = ""                   # why that cluster ended (a tpusim.eager.windows.CUTS key)
+    follows: bool = False           # a later kernel of the executable the kernel before it started (an eager
+    #                                 op XLA compiled to several): no dispatch or compile of its own
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -478,6 +481,20 @@ def _compiled_kernels(records: Sequence[Record], flow: _Dataflow, window: list[i
     return out, emitted
 
 
+_NONE = CompiledProgram(())
+
+
+def _op_kernels(op: OpRecord, built: CompiledProgram) -> list[FusedKernel]:
+    """An eager op run as the kernels XLA compiled its one-op program to: the first reads its inputs, is
+    dispatched and compiled as the op (its only part), the last writes its outputs."""
+    kernels = [k for k in built.records if isinstance(k, FusedKernel)]
+    last = len(kernels) - 1
+    return [dataclasses.replace(k, seq=op.seq, rank=op.rank, source=op.source, program=0,
+                                inputs=op.inputs if i == 0 else (), outputs=op.outputs if i == last else (),
+                                parts=(op,) if i == 0 else (), follows=i > 0)
+            for i, k in enumerate(kernels)]
+
+
 def _spans(records: Sequence[Record], compiled: Mapping[int, CompiledProgram]) -> dict[int, int]:
     """Each graph compiled whole (``CompiledProgram.spans`` > 1): position of its first op -> of its last."""
     first: dict[int, int] = {}
@@ -514,7 +531,8 @@ def op_node(rec: OpRecord) -> Node:
 
 
 def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.0, eager: bool = True,
-         compiled: Mapping[int, CompiledProgram] | None = None) -> Fused:
+         compiled: Mapping[int, CompiledProgram] | None = None,
+         compiled_ops: Mapping[str, CompiledProgram] | None = None) -> Fused:
     """Group ``records`` into fused kernels (see the module docstring).
 
     ``host_s_per_op`` > 0 adds, at each window's flush, one ``dispatch`` host record of
@@ -523,8 +541,11 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
     (Debug and Strict: their eager ops stay one kernel each). ``compiled`` maps a compiled program's
     execution number to what the TPU compiler built for it (``tpusim.xla.kernels``): it runs in place of
     this module's grouping of its ops (and, for a graph compiled whole, of its segments and collectives).
+    ``compiled_ops`` maps an eager op's signature (``record_signature``) to its one-op program: where ops
+    stay one executable each (``eager=False``), its kernels run in the op's place (``_op_kernels``).
     """
     compiled = compiled or {}
+    compiled_ops = compiled_ops or {}
     records = list(records)
     flow = _Dataflow(records)
     out: list[Record] = []
@@ -616,6 +637,9 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
         elif (isinstance(rec, HostRecord) and rec.event == "dispatch" and rec.reason != BACKWARD_REASON
               and not rec.reason.startswith(MODE_CHANGE_REASON)):
             out.append(rec)
+        elif isinstance(rec, OpRecord) and compiled_ops and compiled_ops.get(record_signature(rec), _NONE).records:
+            flush(pos, cutter.boundary(_cut_reason(rec)))
+            out.extend(_op_kernels(rec, compiled_ops[record_signature(rec)]))
         else:
             flush(pos, cutter.boundary(_cut_reason(rec)))
             out.append(rec)

@@ -32,11 +32,13 @@ def single_chip_topology(chip: ChipSpec) -> str:
 def price(trace: Trace, *, topology: str | Slice = "", chip: str | ChipSpec | None = None,
           mode: str = DEFAULT_MODE, chunk_bytes: int | None = None,
           progress: Callable[[str], None] | None = None,
-          compiled: Mapping[int, CompiledProgram] | None = None) -> Timeline:
+          compiled: Mapping[int, CompiledProgram] | None = None,
+          compiled_ops: Mapping[str, CompiledProgram] | None = None) -> Timeline:
     """Simulate ``trace`` on a slice under one eager mode and return its Timeline; ``compiled``: the kernels
-    the TPU compiler built for program executions (``tpusim.xla.programs``), priced in their place."""
+    the TPU compiler built for program executions (``tpusim.xla.programs``), ``compiled_ops`` for eager ops
+    (by ``tpusim.trace.records.record_signature``), priced in their place."""
     slice_ = topology if isinstance(topology, Slice) else build_slice(topology or "3d:1x1x1", chip=chip)
     eager_mode = get_mode(mode)  # an unknown name raises with the accepted ones
     if progress:
         progress(f"pricing {eager_mode.name} mode on {slice_.spec} ({slice_.chip.name})")
-    return simulate(plan(trace, eager_mode, slice_.chip, compiled), slice_, chunk_bytes=chunk_bytes)
+    return simulate(plan(trace, eager_mode, slice_.chip, compiled, compiled_ops), slice_, chunk_bytes=chunk_bytes)

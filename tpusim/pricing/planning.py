@@ -42,25 +42,27 @@ CHECK_FLOPS_PER_ELEMENT = 2.0   # debug: isfinite + AND-reduce per element of a 
 DEBUG_CHECK = "debug_check"     # reason of debug's flag read-back host records
 
 
-def plan(trace: Trace, mode: str | EagerMode, chip: ChipSpec,
-         compiled: Mapping[int, CompiledProgram] | None = None) -> ModePlan:
-    """The ModePlan of ``trace`` under ``mode`` on ``chip`` (see the module docstring); ``compiled``: the
-    kernels the TPU compiler built for program executions (``tpusim.xla.kernels``), priced in their place."""
+def plan(trace: Trace, mode: str | EagerMode, chip: ChipSpec, compiled: Mapping[int, CompiledProgram] | None = None,
+         compiled_ops: Mapping[str, CompiledProgram] | None = None) -> ModePlan:
+    """The ModePlan of ``trace`` under ``mode`` on ``chip`` (see the module docstring); ``compiled`` and
+    ``compiled_ops``: what the TPU compiler built for program executions and for eager ops
+    (``tpusim.xla.kernels``), priced in their place."""
     mode = mode if isinstance(mode, EagerMode) else get_mode(mode)
     streams, meta = {}, None
     for rank, records in rank_records(trace).items():
-        records, rank_meta = _rewrite(records, mode, chip, compiled)
+        records, rank_meta = _rewrite(records, mode, chip, compiled, compiled_ops or {})
         streams[rank] = stream(records, [dispatch_seconds(r, chip) for r in records])
         meta = rank_meta if meta is None else meta
     return ModePlan(mode.name, streams, trace.world_size, mode.queue_depth, mode.sync_each_op, meta or {})
 
 
-def _rewrite(records: Sequence[Record], mode: EagerMode, chip: ChipSpec,
-             compiled: Mapping[int, CompiledProgram] | None) -> tuple[tuple[Record, ...], dict[str, Any]]:
+def _rewrite(records: Sequence[Record], mode: EagerMode, chip: ChipSpec, compiled: Mapping[int, CompiledProgram] | None,
+             compiled_ops: Mapping[str, CompiledProgram]) -> tuple[tuple[Record, ...], dict[str, Any]]:
     meta: dict[str, Any] = {}
-    if mode.fuse or any(isinstance(r, OpRecord) and r.program for r in records):
+    if mode.fuse or compiled_ops or any(isinstance(r, OpRecord) and r.program for r in records):
         record_s = RECORD_SHARE * chip.host_dispatch_ns / 1e9 if mode.fuse else 0.0
-        fused = fuse(records, chip, host_s_per_op=record_s, eager=mode.fuse, compiled=compiled)
+        fused = fuse(records, chip, host_s_per_op=record_s, eager=mode.fuse, compiled=compiled,
+                     compiled_ops=compiled_ops)
         records, meta["fusion"] = fused.records, fused.stats
     if mode.check_results:
         records = with_checks(records, chip)
@@ -78,6 +80,10 @@ def dispatch_seconds(record: Record, chip: ChipSpec) -> float:
     its ops were recorded; everything else as recorded."""
     if isinstance(record, OpRecord | CollectiveRecord) and record.program:
         return 0.0
+    if isinstance(record, FusedKernel) and record.follows:
+        return 0.0                              # launched by the executable the kernel before it started
+    if isinstance(record, FusedKernel) and not record.cluster:
+        return issue_seconds(record, chip)      # an eager op's executable (XLA's kernels): the op's dispatch
     if isinstance(record, FusedKernel):
         return (1.0 - RECORD_SHARE) * chip.host_dispatch_ns / 1e9
     return issue_seconds(record, chip)

@@ -285,6 +285,18 @@ class XlaProgramRow(Part):
     cached: bool
 
 
+class XlaOps(Part):
+    """modes.<mode>.xla.ops: eager ops XLA compiled one by one; their calls in this mode priced three ways."""
+
+    signatures: int
+    compiled: int
+    calls: int                          # calls run as XLA's kernels in this mode (0 in Fused: clusters are tpusim's)
+    priced_s: Num
+    estimated_s: Num
+    model_s: Num
+    fell_back: int
+
+
 class XlaSection(Part):
     """modes.<mode>.xla: what the TPU compiler built for the compiled programs, priced by tpusim on XLA's
     kernels (priced_s), by XLA itself (estimated_s) and by tpusim's model without it (model_s)
@@ -299,6 +311,7 @@ class XlaSection(Part):
     model_s: Num = 0.0
     hbm_peak_bytes: int = 0
     per_program: list[XlaProgramRow] = []
+    ops: XlaOps | None = None
     fell_back: list[str] = []
 
 

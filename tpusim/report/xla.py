@@ -17,7 +17,7 @@ from tpusim.hardware.spec import ChipSpec
 from tpusim.pricing.plan import rank_records
 from tpusim.pricing.timeline import Timeline
 from tpusim.report.schema import Report
-from tpusim.trace.records import OpRecord, Trace
+from tpusim.trace.records import OpRecord, Trace, record_signature
 from tpusim.units import format_bytes, format_seconds
 from tpusim.xla.programs import XlaEstimates
 
@@ -43,11 +43,28 @@ def _model_by_program(trace: Trace, chip: ChipSpec) -> dict[int, float]:
     return seconds
 
 
+def _ops_section(estimates: XlaEstimates, timeline: Timeline, trace: Trace, chip: ChipSpec) -> dict[str, Any]:
+    """The eager ops XLA compiled one by one: how many signatures, how many calls ran as XLA's kernels in this
+    mode (Strict and Debug; Fused clusters stay tpusim's), and those calls priced three ways."""
+    records = trace.records
+    calls = {e.seq for e in timeline.events if e.kind == "op" and e.chip == 0 and e.name.startswith("xla:")
+             and 0 <= e.seq < len(records) and isinstance(records[e.seq], OpRecord) and not records[e.seq].program}
+    priced = sum(e.end_s - e.start_s for e in timeline.events if e.kind == "op" and e.chip == 0 and e.seq in calls
+                 and e.name.startswith("xla:"))
+    ran = [records[seq] for seq in sorted(calls)]
+    return {"signatures": len(estimates.ops) + len(estimates.ops_fell_back), "compiled": len(estimates.ops),
+            "calls": len(ran), "priced_s": priced,
+            "estimated_s": sum(estimates.ops[record_signature(op)].estimated_s for op in ran),
+            "model_s": sum(kernel_cost(op, chip).seconds for op in ran),
+            "fell_back": len(estimates.ops_fell_back)}
+
+
 def xla_section(estimates: XlaEstimates, timeline: Timeline, trace: Trace, chip: ChipSpec) -> dict[str, Any]:
-    """``compiler`` ("xla" when XLA priced any program, else "model") and, when it did, ``xla`` (see the module
-    docstring), with the programs that fell back and why."""
+    """``compiler`` ("xla" when XLA priced any program or op, else "model") and, when it did, ``xla`` (see the
+    module docstring), with the programs that fell back and why."""
     if not estimates.priced:
         return {"compiler": "model", "xla": {"fell_back": list(estimates.fell_back)}}
+    ops = _ops_section(estimates, timeline, trace, chip) if estimates.ops else None
     priced, model = _priced_by_program(timeline, trace), _model_by_program(trace, chip)
     per_program = [{"label": p.label, "devices": p.devices, "executions": len(p.programs), "fusions": p.fusions,
                     "kernels": p.kernels, "estimated_s": p.estimated_s * len(p.programs),
@@ -64,8 +81,9 @@ def xla_section(estimates: XlaEstimates, timeline: Timeline, trace: Trace, chip:
         "estimated_s": sum(p["estimated_s"] for p in per_program),
         "priced_s": sum(p["priced_s"] for p in per_program),
         "model_s": sum(p["model_s"] for p in per_program),
-        "hbm_peak_bytes": max(p["hbm_peak_bytes"] for p in per_program),
+        "hbm_peak_bytes": max((p["hbm_peak_bytes"] for p in per_program), default=0),
         "per_program": per_program,
+        "ops": ops,
         "fell_back": list(estimates.fell_back),
     }}
 
@@ -80,9 +98,19 @@ def xla_lines(report: Report) -> list[str]:
     xla = mode.xla
     if mode.compiler != "xla":
         return [f"TPU compiler: not used ({xla.fell_back[0].split(': ', 1)[-1] if xla.fell_back else 'no program'})"]
-    lines = [f"TPU compiler (XLA): {xla.programs} compiled graph{'s' if xla.programs != 1 else ''}, "
-             f"{xla.executions} executions, {xla.kernels} kernels, priced by tpusim at {format_seconds(xla.priced_s)} "
-             f"({name}); XLA's own estimate {format_seconds(xla.estimated_s)}; tpusim's model without the compiler "
-             f"{format_seconds(xla.model_s)}; HBM peak {format_bytes(xla.hbm_peak_bytes)}"]
+    lines = []
+    if xla.programs:
+        lines.append(f"TPU compiler (XLA): {xla.programs} compiled graph{'s' if xla.programs != 1 else ''}, "
+                     f"{xla.executions} executions, {xla.kernels} kernels, priced by tpusim at "
+                     f"{format_seconds(xla.priced_s)} ({name}); XLA's own estimate {format_seconds(xla.estimated_s)}; "
+                     f"tpusim's model without the compiler {format_seconds(xla.model_s)}; HBM peak "
+                     f"{format_bytes(xla.hbm_peak_bytes)}")
     lines += [f"  fell back to the model: {why}" for why in xla.fell_back]
+    eager = next(((n, m.xla.ops) for n, m in modes.items() if m.xla.ops is not None and m.xla.ops.calls), None)
+    if eager is not None:
+        eager_name, ops = eager
+        lines.append(f"TPU compiler (XLA), eager ops: {ops.compiled} of {ops.signatures} op signatures compiled; "
+                     f"{ops.calls} calls priced by tpusim at {format_seconds(ops.priced_s)} ({eager_name}); XLA's own "
+                     f"estimate {format_seconds(ops.estimated_s)}; tpusim's model {format_seconds(ops.model_s)} "
+                     f"(Fused clusters: tpusim's model)")
     return lines

@@ -73,6 +73,10 @@ def run_pipeline(options: RunOptions) -> RunResult:
         why = missing()
         if why:                                  # asked for by name: say so before the script runs
             raise TpusimError(f"--compiler xla: {why}")
+    from tpusim.xla.programs import use_compiler
+
+    if use_compiler(options.compiler):           # the recording keeps each eager op's program (before any op runs)
+        os.environ["TPUSIM_XLA_OPS"] = "1"
     envvars.check(skip=("TPUSIM_CHIP", "TPUSIM_NUMERICS"))   # before the device loads (run sets these two)
     progress = Progress(options.quiet)
     device = _jax_device(options, progress) if options.target == "pjrt" else None
@@ -328,13 +332,15 @@ def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version
     timelines = {}
     xla = _xla_estimates(trace, slice_.chip, options.compiler, progress)
     compiled = xla.kernels() if xla is not None else None      # XLA's kernels price its programs
+    compiled_ops = xla.op_kernels() if xla is not None else None   # and, in Strict and Debug, each eager op
 
     def price_modes() -> None:
         progress.steps("pricing", len(modes), unit="modes")
         try:
             for mode in modes:
                 began = time.perf_counter()
-                timelines[mode.name] = price(trace, topology=slice_, mode=mode, compiled=compiled)
+                timelines[mode.name] = price(trace, topology=slice_, mode=mode, compiled=compiled,
+                                             compiled_ops=compiled_ops)
                 progress.say(f"priced {mode.name}: {timelines[mode.name].total_s:.6g} s simulated in "
                              f"{time.perf_counter() - began:.1f} s")
                 progress.advance()
@@ -349,7 +355,8 @@ def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version
     if options.compare_placements and fastest is not None:
         def price_placements() -> None:
             nonlocal placements
-            placements = compare(trace, slice_, lambda t, s: price(t, topology=s, mode=fastest, compiled=compiled))
+            placements = compare(trace, slice_, lambda t, s: price(t, topology=s, mode=fastest, compiled=compiled,
+                                                                   compiled_ops=compiled_ops))
         priced = interrupts.stoppable(price_placements) and priced
     if measure is not None and priced:
         def run_measured() -> None:
@@ -371,7 +378,8 @@ def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version
     distributed = distributed_info(trace, slice_)
     faults = None
     if slice_.faults and timelines:          # the slowdown against the healthy slice, per mode priced
-        healthy = {mode: price(trace, topology=slice_.healthy, mode=mode, compiled=compiled) for mode in timelines}
+        healthy = {mode: price(trace, topology=slice_.healthy, mode=mode, compiled=compiled, compiled_ops=compiled_ops)
+                   for mode in timelines}
         faults = slowdown_section(slice_, timelines, healthy)
     report = build_report(info, trace, slice_, timelines, warnings, distributed=distributed, placements=placements,
                           measured=measured, faults=faults, xla=xla)
@@ -395,9 +403,9 @@ def _xla_estimates(trace: Trace, chip: ChipSpec, compiler: str, progress: Progre
     from tpusim.xla.compiler import missing
     from tpusim.xla.programs import XlaEstimates, estimate_programs, use_compiler
 
-    if not trace.meta.xla_modules:
+    if not trace.meta.xla_modules and not trace.meta.xla_ops:
         return None
     if not use_compiler(compiler):
         why = "--compiler model" if compiler == "model" else missing()
-        return XlaEstimates(fell_back=tuple(f"{m.label}: {why}" for m in trace.meta.xla_modules))
+        return XlaEstimates(fell_back=tuple(f"{m.label}: {why}" for m in trace.meta.xla_modules or ()))
     return estimate_programs(trace, chip, progress.say)

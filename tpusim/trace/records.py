@@ -474,6 +474,22 @@ class XlaModule:
     segments: int = 1               # program executions one run stands for: its segments, consecutive from each number
 
 
+def op_signature(op: str, inputs: Iterable[tuple[tuple[int, ...], str]],
+                 outputs: Iterable[tuple[tuple[int, ...], str]]) -> str:
+    """An eager op's signature as the TPU compiler's programs are keyed (``TraceMeta.xla_ops``): its name and
+    its tensors' shapes and dtypes, e.g. 'aten::mm|bfloat16[64,128],bfloat16[128,256]->bfloat16[64,256]'."""
+    def spell(tensors: Iterable[tuple[tuple[int, ...], str]]) -> str:
+        return ",".join(f"{dtype}[{','.join(map(str, shape))}]" for shape, dtype in tensors)
+
+    return f"{op}|{spell(inputs)}->{spell(outputs)}"
+
+
+def record_signature(record: OpRecord) -> str:
+    """``op_signature`` of a recorded op."""
+    return op_signature(record.op, ((t.shape, t.dtype) for t in record.inputs),
+                        ((t.shape, t.dtype) for t in record.outputs))
+
+
 RANKS = ("one", "all")
 
 
@@ -497,6 +513,7 @@ class TraceMeta:
     placement: str | None = None            # --placement the collective groups were remapped by: "tp=x,fsdp=yz"
     matmul_precision: MatmulPrecision | None = None   # f32 matmul precision (torch.tpu.precision); the highest used
     xla_modules: tuple[XlaModule, ...] | None = None  # torch.compile graphs' StableHLO, for the TPU compiler
+    xla_ops: tuple[XlaModule, ...] | None = None      # each distinct eager op's (label: its op_signature)
 
     def __post_init__(self) -> None:
         if self.ranks is not None and self.ranks not in RANKS:

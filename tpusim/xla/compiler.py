@@ -122,22 +122,23 @@ def cache_dir() -> Path:
     return Path(base) / "tpusim" / "xla"
 
 
-def compile_stablehlo(text: str, target: XlaTarget, *, timeout_s: float = TIMEOUT_S) -> Compiled:
-    """XLA's program for the StableHLO module ``text`` on ``target``: from the cache, else compiled now."""
-    why = missing()
-    if why:
-        raise XlaUnavailable(why)
+def _cache_file(text: str, target: XlaTarget) -> Path:
     identity = f"{target.topology}|{target.partitions}|{target.flags}|{versions()}\n{text}"
-    key = hashlib.sha256(identity.encode()).hexdigest()
-    cached = cache_dir() / f"{key[:32]}.json"
+    return cache_dir() / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
+
+
+def _cached(text: str, target: XlaTarget) -> Compiled | None:
     try:
-        found = json.loads(cached.read_text())
+        found = json.loads(_cache_file(text, target).read_text())
         return Compiled(found["hlo"], found["memory"], found["cost"], found["compile_s"], cached=True)
     except (OSError, ValueError, KeyError):
-        pass                                            # not compiled on this machine yet (or unreadable)
-    result, seconds = _run_worker(text, target, timeout_s)
+        return None                                     # not compiled on this machine yet (or unreadable)
+
+
+def _keep(text: str, target: XlaTarget, result: dict, seconds: float) -> Compiled:
     compiled = Compiled(result["hlo"], result["memory"], result["cost"], seconds)
     try:
+        cached = _cache_file(text, target)
         cached.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(cached, json.dumps({"hlo": compiled.hlo, "memory": compiled.memory, "cost": compiled.cost,
                                          "compile_s": seconds}))
@@ -146,13 +147,46 @@ def compile_stablehlo(text: str, target: XlaTarget, *, timeout_s: float = TIMEOU
     return compiled
 
 
-def _run_worker(text: str, target: XlaTarget, timeout_s: float) -> tuple[dict, float]:
+def compile_stablehlo(text: str, target: XlaTarget, *, timeout_s: float = TIMEOUT_S) -> Compiled:
+    """XLA's program for the StableHLO module ``text`` on ``target``: from the cache, else compiled now."""
+    why = missing()
+    if why:
+        raise XlaUnavailable(why)
+    found = _cached(text, target)
+    if found is not None:
+        return found
+    result, seconds = _run_worker({"text": text}, target, timeout_s)
+    return _keep(text, target, result, seconds)
+
+
+def compile_many(texts: list[str], target: XlaTarget, *,
+                 timeout_s: float = TIMEOUT_S) -> list[Compiled | XlaUnavailable]:
+    """``compile_stablehlo`` of many small modules (eager ops' one-op programs): the uncached ones in one worker
+    process (one libtpu start); per module, its program or why not."""
+    why = missing()
+    if why:
+        return [XlaUnavailable(why)] * len(texts)
+    results: list[Compiled | XlaUnavailable | None] = [_cached(text, target) for text in texts]
+    todo = [i for i, found in enumerate(results) if found is None]
+    if todo:
+        try:
+            answer, seconds = _run_worker({"texts": [texts[i] for i in todo]}, target, timeout_s)
+            for i, result in zip(todo, answer["results"]):
+                results[i] = (XlaUnavailable(f"the TPU compiler refused the program: {result['error']}")
+                              if "error" in result else _keep(texts[i], target, result, seconds / len(todo)))
+        except XlaUnavailable as failed:               # the worker died (libtpu aborted on one of them)
+            for i in todo:
+                results[i] = failed
+    return [r if r is not None else XlaUnavailable("not compiled") for r in results]
+
+
+def _run_worker(request: dict, target: XlaTarget, timeout_s: float) -> tuple[dict, float]:
     with tempfile.TemporaryDirectory(prefix="tpusim-xla-") as folder:
-        request, result = Path(folder) / "request.json", Path(folder) / "result.json"
-        request.write_text(json.dumps({"text": text, "topology": target.topology, "partitions": target.partitions}))
+        request_file, result = Path(folder) / "request.json", Path(folder) / "result.json"
+        request_file.write_text(json.dumps({**request, "topology": target.topology, "partitions": target.partitions}))
         began = time.perf_counter()
         try:
-            done = subprocess.run([sys.executable, "-m", WORKER, str(request), str(result)],
+            done = subprocess.run([sys.executable, "-m", WORKER, str(request_file), str(result)],
                                   env={**os.environ, **QUIET_ENV, "LIBTPU_INIT_ARGS": target.flags},
                                   capture_output=True, text=True,
                                   timeout=timeout_s)

@@ -370,6 +370,26 @@ def _trip_count(condition: list[Instruction]) -> int:
 
 
 ASYNC_FUSION = {"AsyncCollectiveStart": "start", "AsyncCollectiveDone": "done"}
+NOT_KERNELS = ("copy-start", "copy-done", "custom-call", "send", "recv", "send-done", "recv-done", "while", "call",
+               "conditional", "async-start", "async-done", "get-tuple-element", "tuple", "bitcast", "parameter")
+
+
+def _loose_kernel(opcode: str) -> bool:
+    """Whether a scheduled instruction outside any fusion that XLA estimated is a kernel of its own (an op XLA
+    left unfused: a lone add, reduce or convolution), not a prefetch, a collective or bookkeeping."""
+    return opcode not in NOT_KERNELS and opcode not in COLLECTIVES and not opcode.endswith(("-start", "-done"))
+
+
+def _loose(instruction: Instruction, shapes: dict[str, str], comps: dict[str, list[Instruction]],
+           times: int) -> Fusion:
+    """An unfused instruction as a kernel: its work as if it were a fusion of itself, its operands read."""
+    inputs = [Instruction(o, "parameter", shapes.get(o, ""), "", "") for o in dict.fromkeys(instruction.operands)]
+    alone = f"{instruction.name}.alone"
+    work = fused_work(alone, {**comps, alone: [*inputs, instruction]})
+    return Fusion(instruction.name, instruction.opcode, instruction.estimated_cycles or 0,
+                  instruction.estimated_vmem_bytes or 0, instruction.output_bytes, times,
+                  sum(shape_bytes(i.shape) for i in inputs), instruction.output_bytes, work,
+                  _element_type(instruction.shape))
 
 
 def _async_collective(fusion: Instruction, comps: dict[str, list[Instruction]]) -> Step | None:
@@ -417,6 +437,10 @@ def parse_program(text: str) -> XlaProgram:
                                 instruction.output_bytes, times,
                                 *boundary_bytes(calls, comps, instruction.output_bytes), fused_work(calls, comps),
                                 _element_type(instruction.shape))
+                fusions.append(fusion)
+                steps.append(Step("kernel", fusion))
+            elif instruction.estimated_cycles is not None and _loose_kernel(op):
+                fusion = _loose(instruction, shapes, comps, times)
                 fusions.append(fusion)
                 steps.append(Step("kernel", fusion))
             elif instruction.estimated_cycles is not None:

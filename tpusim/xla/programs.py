@@ -10,12 +10,12 @@ Programs over several devices (a graph with collectives) are not compiled yet: t
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tpusim.eager.fusion import CompiledProgram, FusedKernel
 from tpusim.hardware.spec import ChipSpec
 from tpusim.trace.records import Trace
-from tpusim.xla.compiler import XlaUnavailable, compile_stablehlo, missing, target_for
+from tpusim.xla.compiler import XlaUnavailable, compile_many, compile_stablehlo, missing, target_for
 from tpusim.xla.hlo import parse_program
 from tpusim.xla.kernels import program_records
 
@@ -48,15 +48,29 @@ class ProgramEstimate:
 
 
 @dataclass(frozen=True)
+class OpEstimate:
+    """XLA's one-op program for an eager op signature (Strict and Debug run each op as its own executable)."""
+
+    estimated_s: float                 # XLA's estimated cycles over the chip's clock, per call
+    built: CompiledProgram
+
+
+@dataclass(frozen=True)
 class XlaEstimates:
     """What the TPU compiler said about a trace's compiled graphs, and which fell back to the model."""
 
     compiled: tuple[ProgramEstimate, ...] = ()
     fell_back: tuple[str, ...] = ()    # "graph 2 (backward): <why>"
+    ops: dict[str, OpEstimate] = field(default_factory=dict)   # eager op signature -> its one-op program
+    ops_fell_back: dict[str, str] = field(default_factory=dict)   # eager op signature -> why the model prices it
 
     @property
     def priced(self) -> bool:
-        return bool(self.compiled)
+        return bool(self.compiled or self.ops)
+
+    def op_kernels(self) -> dict[str, CompiledProgram]:
+        """Each compiled eager op signature (``tpusim.trace.records.record_signature``) -> what XLA built."""
+        return {key: op.built for key, op in self.ops.items()}
 
     def kernels(self) -> dict[int, CompiledProgram]:
         """Each compiled program execution (``OpRecord.program``) -> what XLA built for it."""
@@ -101,4 +115,30 @@ def estimate_programs(trace: Trace, chip: ChipSpec,
         except XlaUnavailable as why:
             fell_back.append(f"{module.label}: {why}" + (" (its segments are compiled one by one)"
                                                          if module.devices > 1 else ""))
-    return XlaEstimates(tuple(compiled), tuple(fell_back))
+    ops, ops_fell_back = estimate_ops(trace, chip, progress)
+    return XlaEstimates(tuple(compiled), tuple(fell_back), ops, ops_fell_back)
+
+
+def estimate_ops(trace: Trace, chip: ChipSpec, progress: Callable[[str], None] | None = None
+                 ) -> tuple[dict[str, OpEstimate], dict[str, str]]:
+    """Compile each distinct eager op's one-op program (``TraceMeta.xla_ops``) for one device of ``chip``, all in
+    one worker process; per signature, what XLA built or why the model prices it."""
+    modules = trace.meta.xla_ops or ()
+    fell_back = {m.label: m.error for m in modules if m.error}
+    lowered = [m for m in modules if not m.error]
+    if not lowered:
+        return {}, fell_back
+    try:
+        target = target_for(chip)
+    except XlaUnavailable as why:
+        return {}, {**fell_back, **{m.label: str(why) for m in lowered}}
+    if progress:
+        progress(f"TPU compiler: {len(lowered)} eager op signatures")
+    ops: dict[str, OpEstimate] = {}
+    for module, result in zip(lowered, compile_many([m.stablehlo for m in lowered], target)):
+        if isinstance(result, XlaUnavailable):
+            fell_back[module.label] = str(result)
+            continue
+        program = parse_program(result.hlo)
+        ops[module.label] = OpEstimate(program.estimated_cycles / target.clock_hz, program_records(program))
+    return ops, fell_back

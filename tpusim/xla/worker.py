@@ -1,7 +1,8 @@
 """``python -m tpusim.xla.worker REQUEST RESULT``: one deviceless compile, in a process of its own.
 
 REQUEST (JSON): {"text": StableHLO module text, "topology": "v5p:2x2x1", "partitions": 1}. RESULT (JSON):
-{"hlo": the optimized HLO text, "memory": the compiled memory stats, "cost": XLA's cost analysis}. The
+{"hlo": the optimized HLO text, "memory": the compiled memory stats, "cost": XLA's cost analysis}. With
+"texts" (a list) in place of "text": {"results": [one such result, or {"error": why}, per module]}. The
 parent (compiler.py) sets the environment that keeps libtpu quiet and offline before this imports jax.
 """
 
@@ -37,11 +38,27 @@ def compile_module(text: str, topology: str, partitions: int) -> dict:
             "cost": {name: float(value) for name, value in dict(cost).items()}}
 
 
+def compile_each(texts: list[str], topology: str, partitions: int) -> list[dict]:
+    """Each module's result, or {"error": why} for one the compiler refuses (the others still compile)."""
+    results = []
+    for text in texts:
+        try:
+            results.append(compile_module(text, topology, partitions))
+        except Exception as error:  # jax's JaxRuntimeError and friends: this module only
+            results.append({"error": str(error).strip().splitlines()[-1][:300] if str(error).strip() else
+                            type(error).__name__})
+    return results
+
+
 def main(argv: list[str]) -> int:
     request_path, result_path = argv
     with open(request_path) as file:
         request = json.load(file)
-    result = compile_module(request["text"], request["topology"], int(request["partitions"]))
+    topology, partitions = request["topology"], int(request["partitions"])
+    if "texts" in request:                   # many one-op programs: one process, one libtpu start
+        result: dict = {"results": compile_each(request["texts"], topology, partitions)}
+    else:
+        result = compile_module(request["text"], topology, partitions)
     with open(result_path, "w") as file:
         json.dump(result, file)
     return 0

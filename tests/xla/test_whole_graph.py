@@ -66,7 +66,7 @@ def test_an_all_gather_xla_overlaps_with_matmuls_is_priced_under_them(tmp_path):
     (module,) = [m for m in read_trace(tmp_path / "xla" / "program.jsonl").meta.xla_modules if m.devices == 8]
     schedule = parse_program(compile_stablehlo(module.stablehlo, target_for(load_chip("v5e"), 8)).hlo).schedule
     whats = [s.what for s in schedule]
-    assert whats[0] == "start" and whats[-1] == "done" and whats.count("kernel") >= 4
+    assert whats[0] == "start" and whats[1:whats.index("done")].count("kernel") >= 4
     # priced so: the step is the longer of the matmuls and the all-gather, not their sum
     kernels_s = row["priced_s"] / row["executions"]
     gather_s = mode["device_s"]["collective_exposed"] + mode["collective_overlapped_s"]

@@ -175,6 +175,32 @@ class CompiledProgram:
 
 
 @dataclass(frozen=True)
+class ClusterCall:
+    """A Fused eager cluster as one program of its ops, for the TPU compiler (``tpusim.xla.clusters``): each op's
+    signature (``record_signature``), where each op's inputs come from (("in", i): the cluster's i-th entering
+    value; ("op", j, k): op j's k-th output) and which op outputs leave the cluster. Equal calls are one
+    executable: compiled once, priced alike."""
+
+    signatures: tuple[str, ...]
+    wiring: tuple[tuple[tuple[str | int, ...], ...], ...]
+    exits: tuple[tuple[int, int], ...]
+    entering: int
+
+
+def cluster_call(parts: Sequence[OpRecord], leaving: Sequence[TensorMeta]) -> ClusterCall:
+    """The ``ClusterCall`` of a cluster's ops (program order) whose values ``leaving`` it reach HBM."""
+    produced: dict[int, tuple[int, int]] = {}
+    entering: dict[int, int] = {}
+    wiring = []
+    for j, part in enumerate(parts):
+        wiring.append(tuple(("op", *produced[t.id]) if t.id in produced
+                            else ("in", entering.setdefault(t.id, len(entering))) for t in part.inputs))
+        produced.update({t.id: (j, k) for k, t in enumerate(part.outputs)})
+    exits = tuple(dict.fromkeys(produced[t.id] for t in leaving if t.id in produced))
+    return ClusterCall(tuple(record_signature(p) for p in parts), tuple(wiring), exits, len(entering))
+
+
+@dataclass(frozen=True)
 class FusionStats:
     """What fusion did to one record stream (for the report)."""
 
@@ -532,7 +558,9 @@ def op_node(rec: OpRecord) -> Node:
 
 def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.0, eager: bool = True,
          compiled: Mapping[int, CompiledProgram] | None = None,
-         compiled_ops: Mapping[str, CompiledProgram] | None = None) -> Fused:
+         compiled_ops: Mapping[str, CompiledProgram] | None = None,
+         compiled_clusters: Mapping[ClusterCall, CompiledProgram] | None = None,
+         clusters_out: list[tuple[int, int, ClusterCall]] | None = None) -> Fused:
     """Group ``records`` into fused kernels (see the module docstring).
 
     ``host_s_per_op`` > 0 adds, at each window's flush, one ``dispatch`` host record of
@@ -543,9 +571,12 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
     this module's grouping of its ops (and, for a graph compiled whole, of its segments and collectives).
     ``compiled_ops`` maps an eager op's signature (``record_signature``) to its one-op program: where ops
     stay one executable each (``eager=False``), its kernels run in the op's place (``_op_kernels``).
+    ``compiled_clusters`` does the same for Fused eager clusters (by ``ClusterCall``); ``clusters_out``, when
+    given, collects each cluster's (number, first op's seq, call) for the compiler to compile.
     """
     compiled = compiled or {}
     compiled_ops = compiled_ops or {}
+    compiled_clusters = compiled_clusters or {}
     records = list(records)
     flow = _Dataflow(records)
     out: list[Record] = []
@@ -561,9 +592,19 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
             held.clear()
             return
         kernels, kept, emitted = [], set(), {}
+        call = None
+        if not program and (compiled_clusters or clusters_out is not None):
+            call = cluster_call([records[p] for p in window], _kernel(records, flow, window, end, chip)[0].outputs)
+            if clusters_out is not None:
+                clusters_out.append((cutter.windows, records[window[0]].seq, call))
         if program in compiled and compiled[program].records:
             kernels, emitted = _compiled_kernels(records, flow, window, end, chip, program, compiled[program].records,
                                                  span_collectives)
+        elif call is not None and compiled_clusters.get(call, _NONE).records:
+            kernels, emitted = _compiled_kernels(records, flow, window, end, chip, 0, compiled_clusters[call].records)
+            parts = tuple(records[p] for p in window)       # compiled as the cluster's ops: its region and cost
+            kernels = [dataclasses.replace(k, cluster=cutter.windows, cut=reason, parts=parts if i == 0 else ())
+                       for i, k in enumerate(kernels)]
         else:
             grouper = _Grouper(records, flow, program=bool(program))
             for pos in window:

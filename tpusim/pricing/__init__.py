@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from tpusim.eager.fusion import CompiledProgram
+from tpusim.eager.fusion import ClusterCall, CompiledProgram
 from tpusim.eager.modes import DEFAULT_MODE, get_mode
 from tpusim.hardware.spec import ChipSpec
 from tpusim.pricing.engine import simulate
@@ -33,12 +33,15 @@ def price(trace: Trace, *, topology: str | Slice = "", chip: str | ChipSpec | No
           mode: str = DEFAULT_MODE, chunk_bytes: int | None = None,
           progress: Callable[[str], None] | None = None,
           compiled: Mapping[int, CompiledProgram] | None = None,
-          compiled_ops: Mapping[str, CompiledProgram] | None = None) -> Timeline:
+          compiled_ops: Mapping[str, CompiledProgram] | None = None,
+          compiled_clusters: Mapping[ClusterCall, CompiledProgram] | None = None) -> Timeline:
     """Simulate ``trace`` on a slice under one eager mode and return its Timeline; ``compiled``: the kernels
     the TPU compiler built for program executions (``tpusim.xla.programs``), ``compiled_ops`` for eager ops
-    (by ``tpusim.trace.records.record_signature``), priced in their place."""
+    (by ``tpusim.trace.records.record_signature``) and ``compiled_clusters`` for Fused eager clusters, priced in
+    their place."""
     slice_ = topology if isinstance(topology, Slice) else build_slice(topology or "3d:1x1x1", chip=chip)
     eager_mode = get_mode(mode)  # an unknown name raises with the accepted ones
     if progress:
         progress(f"pricing {eager_mode.name} mode on {slice_.spec} ({slice_.chip.name})")
-    return simulate(plan(trace, eager_mode, slice_.chip, compiled, compiled_ops), slice_, chunk_bytes=chunk_bytes)
+    return simulate(plan(trace, eager_mode, slice_.chip, compiled, compiled_ops, compiled_clusters), slice_,
+                    chunk_bytes=chunk_bytes)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpusim.hardware.spec import ChipSpec
-from tpusim.trace.records import CollectiveRecord, HostRecord, OpRecord, Record, Trace
+from tpusim.trace.records import CollectiveRecord, HostRecord, OpRecord, Record, Trace, rank_records
 
 
 @dataclass(frozen=True)
@@ -40,14 +40,6 @@ class ModePlan:
     def symmetric(self) -> bool:
         """One recorded rank stands for every rank (SPMD by symmetry)."""
         return len(self.streams) == 1
-
-
-def rank_records(trace: Trace) -> dict[int, tuple[Record, ...]]:
-    """The records of each recorded rank; a trace of one rank is the program every rank runs."""
-    ranks = sorted({r.rank for r in trace.records}) or [trace.rank]
-    if len(ranks) == 1:
-        return {ranks[0]: tuple(trace.records)}
-    return {rank: tuple(r for r in trace.records if r.rank == rank) for rank in ranks}
 
 
 def issue_seconds(record: Record, chip: ChipSpec) -> float:

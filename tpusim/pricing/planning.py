@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tpusim.eager.compile_cache import CompileCache, with_compiles
-from tpusim.eager.fusion import CompiledProgram, FusedKernel, fuse
+from tpusim.eager.fusion import ClusterCall, CompiledProgram, FusedKernel, fuse
 from tpusim.eager.modes import EagerMode, get_mode
 from tpusim.hardware.spec import ChipSpec
 from tpusim.pricing.plan import ModePlan, issue_seconds, rank_records, stream
@@ -43,26 +43,28 @@ DEBUG_CHECK = "debug_check"     # reason of debug's flag read-back host records
 
 
 def plan(trace: Trace, mode: str | EagerMode, chip: ChipSpec, compiled: Mapping[int, CompiledProgram] | None = None,
-         compiled_ops: Mapping[str, CompiledProgram] | None = None) -> ModePlan:
+         compiled_ops: Mapping[str, CompiledProgram] | None = None,
+         compiled_clusters: Mapping[ClusterCall, CompiledProgram] | None = None) -> ModePlan:
     """The ModePlan of ``trace`` under ``mode`` on ``chip`` (see the module docstring); ``compiled`` and
-    ``compiled_ops``: what the TPU compiler built for program executions and for eager ops
-    (``tpusim.xla.kernels``), priced in their place."""
+    ``compiled_ops`` and ``compiled_clusters``: what the TPU compiler built for program executions, eager ops
+    and Fused eager clusters (``tpusim.xla.kernels``), priced in their place."""
     mode = mode if isinstance(mode, EagerMode) else get_mode(mode)
     streams, meta = {}, None
     for rank, records in rank_records(trace).items():
-        records, rank_meta = _rewrite(records, mode, chip, compiled, compiled_ops or {})
+        records, rank_meta = _rewrite(records, mode, chip, compiled, compiled_ops or {}, compiled_clusters or {})
         streams[rank] = stream(records, [dispatch_seconds(r, chip) for r in records])
         meta = rank_meta if meta is None else meta
     return ModePlan(mode.name, streams, trace.world_size, mode.queue_depth, mode.sync_each_op, meta or {})
 
 
 def _rewrite(records: Sequence[Record], mode: EagerMode, chip: ChipSpec, compiled: Mapping[int, CompiledProgram] | None,
-             compiled_ops: Mapping[str, CompiledProgram]) -> tuple[tuple[Record, ...], dict[str, Any]]:
+             compiled_ops: Mapping[str, CompiledProgram], compiled_clusters: Mapping[ClusterCall, CompiledProgram]
+             ) -> tuple[tuple[Record, ...], dict[str, Any]]:
     meta: dict[str, Any] = {}
     if mode.fuse or compiled_ops or any(isinstance(r, OpRecord) and r.program for r in records):
         record_s = RECORD_SHARE * chip.host_dispatch_ns / 1e9 if mode.fuse else 0.0
         fused = fuse(records, chip, host_s_per_op=record_s, eager=mode.fuse, compiled=compiled,
-                     compiled_ops=compiled_ops)
+                     compiled_ops=compiled_ops, compiled_clusters=compiled_clusters)
         records, meta["fusion"] = fused.records, fused.stats
     if mode.check_results:
         records = with_checks(records, chip)

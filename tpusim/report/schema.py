@@ -286,11 +286,14 @@ class XlaProgramRow(Part):
 
 
 class XlaOps(Part):
-    """modes.<mode>.xla.ops: eager ops XLA compiled one by one; their calls in this mode priced three ways."""
+    """modes.<mode>.xla.ops: eager ops XLA compiled one by one (Strict, Debug) and Fused clusters XLA compiled
+    (Fused); their calls in this mode priced three ways."""
 
     signatures: int
     compiled: int
-    calls: int                          # calls run as XLA's kernels in this mode (0 in Fused: clusters are tpusim's)
+    clusters: int = 0                   # distinct Fused eager clusters compiled
+    clusters_left: int = 0              # distinct Fused eager clusters left to the model
+    calls: int                          # calls run as XLA's kernels in this mode (Fused: clusters)
     priced_s: Num
     estimated_s: Num
     model_s: Num

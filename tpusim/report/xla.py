@@ -14,12 +14,11 @@ from typing import Any
 from tpusim.eager.fusion import fuse
 from tpusim.hardware.compute import kernel_cost
 from tpusim.hardware.spec import ChipSpec
-from tpusim.pricing.plan import rank_records
 from tpusim.pricing.timeline import Timeline
 from tpusim.report.schema import Report
-from tpusim.trace.records import OpRecord, Trace, record_signature
+from tpusim.trace.records import OpRecord, Trace, rank_records, record_signature
 from tpusim.units import format_bytes, format_seconds
-from tpusim.xla.programs import XlaEstimates
+from tpusim.xla.programs import XlaEstimates, fused_clusters
 
 
 def _priced_by_program(timeline: Timeline, trace: Trace) -> dict[int, float]:
@@ -44,19 +43,27 @@ def _model_by_program(trace: Trace, chip: ChipSpec) -> dict[int, float]:
 
 
 def _ops_section(estimates: XlaEstimates, timeline: Timeline, trace: Trace, chip: ChipSpec) -> dict[str, Any]:
-    """The eager ops XLA compiled one by one: how many signatures, how many calls ran as XLA's kernels in this
-    mode (Strict and Debug; Fused clusters stay tpusim's), and those calls priced three ways."""
+    """The eager work XLA compiled: op signatures (Strict, Debug: each op one executable) and Fused clusters;
+    how many calls ran as XLA's kernels in this mode, and those calls priced three ways."""
     records = trace.records
-    calls = {e.seq for e in timeline.events if e.kind == "op" and e.chip == 0 and e.name.startswith("xla:")
-             and 0 <= e.seq < len(records) and isinstance(records[e.seq], OpRecord) and not records[e.seq].program}
-    priced = sum(e.end_s - e.start_s for e in timeline.events if e.kind == "op" and e.chip == 0 and e.seq in calls
+    ran = {e.seq for e in timeline.events if e.kind == "op" and e.chip == 0 and e.name.startswith("xla:")
+           and 0 <= e.seq < len(records) and isinstance(records[e.seq], OpRecord) and not records[e.seq].program}
+    priced = sum(e.end_s - e.start_s for e in timeline.events if e.kind == "op" and e.chip == 0 and e.seq in ran
                  and e.name.startswith("xla:"))
-    ran = [records[seq] for seq in sorted(calls)]
-    return {"signatures": len(estimates.ops) + len(estimates.ops_fell_back), "compiled": len(estimates.ops),
-            "calls": len(ran), "priced_s": priced,
-            "estimated_s": sum(estimates.ops[record_signature(op)].estimated_s for op in ran),
-            "model_s": sum(kernel_cost(op, chip).seconds for op in ran),
-            "fell_back": len(estimates.ops_fell_back)}
+    section = {"signatures": len(estimates.ops) + len(estimates.ops_fell_back), "compiled": len(estimates.ops),
+               "clusters": len(estimates.clusters), "clusters_left": estimates.clusters_left,
+               "calls": len(ran), "priced_s": priced, "fell_back": len(estimates.ops_fell_back)}
+    if timeline.policy == "fused":           # the calls are clusters: each one XLA program of its ops
+        found = {seq: (number, call) for number, seq, call in fused_clusters(trace, chip)}
+        numbers = {found[seq][0] for seq in ran if seq in found}
+        model = fuse(next(iter(rank_records(trace).values()), ()), chip, eager=True).records
+        return {**section, "estimated_s": sum(estimates.clusters[found[seq][1]].estimated_s for seq in ran
+                                              if seq in found and found[seq][1] in estimates.clusters),
+                "model_s": sum(kernel_cost(k, chip).seconds for k in model
+                               if isinstance(k, OpRecord) and getattr(k, "cluster", 0) in numbers)}
+    calls = [records[seq] for seq in sorted(ran)]
+    return {**section, "estimated_s": sum(estimates.ops[record_signature(op)].estimated_s for op in calls),
+            "model_s": sum(kernel_cost(op, chip).seconds for op in calls)}
 
 
 def xla_section(estimates: XlaEstimates, timeline: Timeline, trace: Trace, chip: ChipSpec) -> dict[str, Any]:
@@ -64,7 +71,7 @@ def xla_section(estimates: XlaEstimates, timeline: Timeline, trace: Trace, chip:
     module docstring), with the programs that fell back and why."""
     if not estimates.priced:
         return {"compiler": "model", "xla": {"fell_back": list(estimates.fell_back)}}
-    ops = _ops_section(estimates, timeline, trace, chip) if estimates.ops else None
+    ops = _ops_section(estimates, timeline, trace, chip) if estimates.ops or estimates.clusters else None
     priced, model = _priced_by_program(timeline, trace), _model_by_program(trace, chip)
     per_program = [{"label": p.label, "devices": p.devices, "executions": len(p.programs), "fusions": p.fusions,
                     "kernels": p.kernels, "estimated_s": p.estimated_s * len(p.programs),
@@ -106,11 +113,13 @@ def xla_lines(report: Report) -> list[str]:
                      f"tpusim's model without the compiler {format_seconds(xla.model_s)}; HBM peak "
                      f"{format_bytes(xla.hbm_peak_bytes)}")
     lines += [f"  fell back to the model: {why}" for why in xla.fell_back]
-    eager = next(((n, m.xla.ops) for n, m in modes.items() if m.xla.ops is not None and m.xla.ops.calls), None)
-    if eager is not None:
-        eager_name, ops = eager
-        lines.append(f"TPU compiler (XLA), eager ops: {ops.compiled} of {ops.signatures} op signatures compiled; "
-                     f"{ops.calls} calls priced by tpusim at {format_seconds(ops.priced_s)} ({eager_name}); XLA's own "
-                     f"estimate {format_seconds(ops.estimated_s)}; tpusim's model {format_seconds(ops.model_s)} "
-                     f"(Fused clusters: tpusim's model)")
+    for mode_name, mode in modes.items():
+        ops = mode.xla.ops
+        if ops is None or not ops.calls:
+            continue
+        what = (f"{ops.clusters} Fused clusters compiled ({ops.clusters_left} left to the model)"
+                if mode_name == "fused" else f"{ops.compiled} of {ops.signatures} eager op signatures compiled")
+        lines.append(f"TPU compiler (XLA), {mode_name}: {what}; {ops.calls} calls priced by tpusim at "
+                     f"{format_seconds(ops.priced_s)}; XLA's own estimate {format_seconds(ops.estimated_s)}; "
+                     f"tpusim's model {format_seconds(ops.model_s)}")
     return lines

@@ -333,14 +333,15 @@ def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version
     xla = _xla_estimates(trace, slice_.chip, options.compiler, progress)
     compiled = xla.kernels() if xla is not None else None      # XLA's kernels price its programs
     compiled_ops = xla.op_kernels() if xla is not None else None   # and, in Strict and Debug, each eager op
+    clusters = xla.cluster_kernels() if xla is not None else None   # and, in Fused, each eager cluster
+    compiled_by = {"compiled": compiled, "compiled_ops": compiled_ops, "compiled_clusters": clusters}
 
     def price_modes() -> None:
         progress.steps("pricing", len(modes), unit="modes")
         try:
             for mode in modes:
                 began = time.perf_counter()
-                timelines[mode.name] = price(trace, topology=slice_, mode=mode, compiled=compiled,
-                                             compiled_ops=compiled_ops)
+                timelines[mode.name] = price(trace, topology=slice_, mode=mode, **compiled_by)
                 progress.say(f"priced {mode.name}: {timelines[mode.name].total_s:.6g} s simulated in "
                              f"{time.perf_counter() - began:.1f} s")
                 progress.advance()
@@ -355,8 +356,7 @@ def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version
     if options.compare_placements and fastest is not None:
         def price_placements() -> None:
             nonlocal placements
-            placements = compare(trace, slice_, lambda t, s: price(t, topology=s, mode=fastest, compiled=compiled,
-                                                                   compiled_ops=compiled_ops))
+            placements = compare(trace, slice_, lambda t, s: price(t, topology=s, mode=fastest, **compiled_by))
         priced = interrupts.stoppable(price_placements) and priced
     if measure is not None and priced:
         def run_measured() -> None:
@@ -378,8 +378,7 @@ def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version
     distributed = distributed_info(trace, slice_)
     faults = None
     if slice_.faults and timelines:          # the slowdown against the healthy slice, per mode priced
-        healthy = {mode: price(trace, topology=slice_.healthy, mode=mode, compiled=compiled, compiled_ops=compiled_ops)
-                   for mode in timelines}
+        healthy = {mode: price(trace, topology=slice_.healthy, mode=mode, **compiled_by) for mode in timelines}
         faults = slowdown_section(slice_, timelines, healthy)
     report = build_report(info, trace, slice_, timelines, warnings, distributed=distributed, placements=placements,
                           measured=measured, faults=faults, xla=xla)

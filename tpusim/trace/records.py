@@ -474,6 +474,14 @@ class XlaModule:
     segments: int = 1               # program executions one run stands for: its segments, consecutive from each number
 
 
+def rank_records(trace: Trace) -> dict[int, tuple[Record, ...]]:
+    """The records of each recorded rank; a trace of one rank is the program every rank runs."""
+    ranks = sorted({r.rank for r in trace.records}) or [trace.rank]
+    if len(ranks) == 1:
+        return {ranks[0]: tuple(trace.records)}
+    return {rank: tuple(r for r in trace.records if r.rank == rank) for rank in ranks}
+
+
 def op_signature(op: str, inputs: Iterable[tuple[tuple[int, ...], str]],
                  outputs: Iterable[tuple[tuple[int, ...], str]]) -> str:
     """An eager op's signature as the TPU compiler's programs are keyed (``TraceMeta.xla_ops``): its name and

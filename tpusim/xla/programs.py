@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tpusim.eager.fusion import CompiledProgram, FusedKernel
+from tpusim.eager.fusion import ClusterCall, CompiledProgram, FusedKernel, fuse
 from tpusim.hardware.spec import ChipSpec
-from tpusim.trace.records import Trace
+from tpusim.trace.records import Trace, rank_records
+from tpusim.xla.clusters import compose
 from tpusim.xla.compiler import XlaUnavailable, compile_many, compile_stablehlo, missing, target_for
 from tpusim.xla.hlo import parse_program
 from tpusim.xla.kernels import program_records
@@ -63,10 +64,16 @@ class XlaEstimates:
     fell_back: tuple[str, ...] = ()    # "graph 2 (backward): <why>"
     ops: dict[str, OpEstimate] = field(default_factory=dict)   # eager op signature -> its one-op program
     ops_fell_back: dict[str, str] = field(default_factory=dict)   # eager op signature -> why the model prices it
+    clusters: dict[ClusterCall, OpEstimate] = field(default_factory=dict)   # a Fused cluster -> its program
+    clusters_left: int = 0             # distinct Fused clusters left to the model (an op without a program, ...)
 
     @property
     def priced(self) -> bool:
         return bool(self.compiled or self.ops)
+
+    def cluster_kernels(self) -> dict[ClusterCall, CompiledProgram]:
+        """Each compiled Fused eager cluster -> what XLA built for it."""
+        return {call: c.built for call, c in self.clusters.items()}
 
     def op_kernels(self) -> dict[str, CompiledProgram]:
         """Each compiled eager op signature (``tpusim.trace.records.record_signature``) -> what XLA built."""
@@ -116,7 +123,40 @@ def estimate_programs(trace: Trace, chip: ChipSpec,
             fell_back.append(f"{module.label}: {why}" + (" (its segments are compiled one by one)"
                                                          if module.devices > 1 else ""))
     ops, ops_fell_back = estimate_ops(trace, chip, progress)
-    return XlaEstimates(tuple(compiled), tuple(fell_back), ops, ops_fell_back)
+    clusters, left = estimate_clusters(trace, chip, progress)
+    return XlaEstimates(tuple(compiled), tuple(fell_back), ops, ops_fell_back, clusters, left)
+
+
+def fused_clusters(trace: Trace, chip: ChipSpec) -> list[tuple[int, int, ClusterCall]]:
+    """The Fused eager clusters of the trace's first rank, as Fused prices them: (cluster number, its first op's
+    seq, call)."""
+    calls: list[tuple[int, int, ClusterCall]] = []
+    fuse(next(iter(rank_records(trace).values()), ()), chip, eager=True, clusters_out=calls)
+    return calls
+
+
+def estimate_clusters(trace: Trace, chip: ChipSpec, progress: Callable[[str], None] | None = None
+                      ) -> tuple[dict[ClusterCall, OpEstimate], int]:
+    """Compile each distinct Fused eager cluster, composed from its ops' programs (``tpusim.xla.clusters``), all in
+    one worker process; the compiled ones, and how many were left to the model."""
+    modules = {m.label: m.stablehlo for m in trace.meta.xla_ops or () if m.stablehlo}
+    if not modules:
+        return {}, 0
+    try:
+        target = target_for(chip)
+    except XlaUnavailable:
+        return {}, 0
+    calls = list(dict.fromkeys(call for _, _, call in fused_clusters(trace, chip)))
+    texts = {call: compose(call, modules) for call in calls}
+    ready = [call for call in calls if texts[call]]
+    if progress and ready:
+        progress(f"TPU compiler: {len(ready)} Fused eager clusters")
+    clusters: dict[ClusterCall, OpEstimate] = {}
+    for call, result in zip(ready, compile_many([texts[c] for c in ready], target)):
+        if not isinstance(result, XlaUnavailable):
+            program = parse_program(result.hlo)
+            clusters[call] = OpEstimate(program.estimated_cycles / target.clock_hz, program_records(program))
+    return clusters, len(calls) - len(clusters)
 
 
 def estimate_ops(trace: Trace, chip: ChipSpec, progress: Callable[[str], None] | None = None

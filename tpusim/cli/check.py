@@ -57,6 +57,11 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--fail-on", metavar="LINT,...", type=_flag(parse_lint_list), default=(),
                         help="fail on these lint codes (float64 alias f64, host-sync, mxu-padding, hbm, recompile, "
                              "comm-bound, graph-break, ...; or all)")
+    from tpusim.xla.programs import COMPILERS
+
+    parser.add_argument("--compiler", choices=COMPILERS, default="auto",
+                        help="who prices the programs: xla (the real TPU compiler, deviceless), model or auto "
+                             "(default), as in tpusim run")
     parser.add_argument("--junit", metavar="FILE", help="also write the checks as JUnit XML to FILE")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout (the script's "
                                                             "own output then goes to stderr)")
@@ -87,7 +92,7 @@ def run_options(args: argparse.Namespace, out_dir: Path) -> RunOptions:
 
     return RunOptions(script=args.script, script_args=tuple(args.script_args), chip=args.chip, topology=args.topology,
                       modes=modes_of(args.mode), numerics=args.numerics == "on", placement=args.placement,
-                      out=str(out_dir), quiet=True)
+                      out=str(out_dir), quiet=True, compiler=args.compiler)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -69,9 +69,10 @@ def add_parser(subparsers) -> None:
                         help="DeviceMesh dims -> torus axes, e.g. 'tp=x,fsdp=yz' (default: innermost dim on x, "
                              "then y, z)")
     parser.add_argument("--compiler", choices=COMPILERS, default="auto",
-                        help="who prices torch.compile graphs: xla (the real TPU compiler, deviceless; needs pip "
-                             "install -e \".[xla]\"), model (tpusim's own fusion model) or auto (xla where the "
-                             "extra is installed; default). The report gives XLA's estimate beside tpusim's")
+                        help="who builds the programs tpusim prices (torch.compile graphs, Fused eager clusters, "
+                             "eager ops): xla (the real TPU compiler, deviceless; needs pip install -e \".[xla]\"), "
+                             "model (tpusim's own fusion model) or auto (xla where the extra is installed; "
+                             "default). The report gives XLA's own estimate and tpusim's model beside it")
     parser.add_argument("--compare-placements", action="store_true",
                         help="also price every distinct placement of the DeviceMesh, ranked by step time")
     parser.add_argument("--target", choices=("sim", "pjrt"), default="sim",

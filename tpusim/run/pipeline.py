@@ -13,6 +13,7 @@ turns them into report.json's dict.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -296,8 +297,11 @@ class Interrupts:
         if not self._told:
             self._told = True
             name = self.SIGNALS[signum]
-            print(f"\ntpusim: {name}: writing the report of what was done first ({name} again changes nothing)",
-                  file=sys.stderr, flush=True)
+            # os.write, not print: the signal may land while the main thread is inside a print to stderr,
+            # and a second print into the same buffered stream raises "reentrant call"
+            message = f"\ntpusim: {name}: writing the report of what was done first ({name} again changes nothing)\n"
+            with contextlib.suppress(OSError):
+                os.write(sys.stderr.fileno(), message.encode())
 
     def stoppable(self, work: Callable[[], None]) -> bool:
         """Run ``work``; False when Ctrl-C stopped it (then nothing after it is stoppable either)."""

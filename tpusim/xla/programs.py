@@ -1,10 +1,15 @@
-"""A trace's torch.compile graphs through the TPU compiler: XLA's own estimate per program, or why not.
+"""A trace's programs through the TPU compiler: what XLA built for each, or why the model prices it.
 
-Each distinct graph (``TraceMeta.xla_modules``) is compiled once for one device of the run's chip. What
-XLA built prices the program: its fusions become the kernels tpusim's engine runs (``tpusim.xla.kernels``,
-``XlaEstimates.kernels``), and XLA's estimated cycles of one execution (every fusion, loops counted) over
-the chip's clock is XLA's own estimate, set beside tpusim's in the report (``tpusim.report.xla``).
-Programs over several devices (a graph with collectives) are not compiled yet: they fall back, said so.
+Three kinds of program, each compiled once per distinct text (cached on disk, ``tpusim.xla.compiler``):
+
+- **torch.compile graphs** (``TraceMeta.xla_modules``), for one device of the run's chip; a graph with
+  collectives first whole, over its group's devices, and segment by segment only where that fails;
+- **eager ops** (``TraceMeta.xla_ops``): each distinct op's one-op program, run in Strict and Debug;
+- **Fused eager clusters**: each distinct cluster's program, composed from its ops' (``tpusim.xla.clusters``).
+
+What XLA built prices the program: its fusions and collectives become the records tpusim's engine runs
+(``tpusim.xla.kernels``), and XLA's estimated cycles over the chip's clock is XLA's own estimate, set
+beside tpusim's in the report (``tpusim.report.xla``).
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ from tpusim.eager.fusion import ClusterCall, CompiledProgram, FusedKernel, fuse
 from tpusim.hardware.spec import ChipSpec
 from tpusim.trace.records import Trace, rank_records
 from tpusim.xla.clusters import compose
-from tpusim.xla.compiler import XlaUnavailable, compile_many, compile_stablehlo, missing, target_for
-from tpusim.xla.hlo import parse_program
+from tpusim.xla.compiler import XlaTarget, XlaUnavailable, compile_many, compile_stablehlo, missing, target_for
+from tpusim.xla.hlo import XlaProgram, parse_program
 from tpusim.xla.kernels import program_records
 
 COMPILERS = ("auto", "xla", "model")   # --compiler: auto = xla where the extra is installed
@@ -58,7 +63,7 @@ class OpEstimate:
 
 @dataclass(frozen=True)
 class XlaEstimates:
-    """What the TPU compiler said about a trace's compiled graphs, and which fell back to the model."""
+    """What the TPU compiler built for a trace's graphs, eager ops and Fused clusters, and what fell back."""
 
     compiled: tuple[ProgramEstimate, ...] = ()
     fell_back: tuple[str, ...] = ()    # "graph 2 (backward): <why>"
@@ -69,7 +74,7 @@ class XlaEstimates:
 
     @property
     def priced(self) -> bool:
-        return bool(self.compiled or self.ops)
+        return bool(self.compiled or self.ops or self.clusters)
 
     def cluster_kernels(self) -> dict[ClusterCall, CompiledProgram]:
         """Each compiled Fused eager cluster -> what XLA built for it."""
@@ -151,12 +156,18 @@ def estimate_clusters(trace: Trace, chip: ChipSpec, progress: Callable[[str], No
     ready = [call for call in calls if texts[call]]
     if progress and ready:
         progress(f"TPU compiler: {len(ready)} Fused eager clusters")
-    clusters: dict[ClusterCall, OpEstimate] = {}
-    for call, result in zip(ready, compile_many([texts[c] for c in ready], target)):
-        if not isinstance(result, XlaUnavailable):
-            program = parse_program(result.hlo)
-            clusters[call] = OpEstimate(program.estimated_cycles / target.clock_hz, program_records(program))
+    built = zip(ready, _compile_small([texts[c] for c in ready], target))
+    clusters = {call: result for call, result in built if isinstance(result, OpEstimate)}
     return clusters, len(calls) - len(clusters)
+
+
+def _compile_small(texts: list[str], target: XlaTarget) -> list[OpEstimate | XlaUnavailable]:
+    """Many small programs (eager ops, Fused clusters) in one worker process: what XLA built, or why not."""
+    def estimate(program: XlaProgram) -> OpEstimate:
+        return OpEstimate(program.estimated_cycles / target.clock_hz, program_records(program))
+
+    return [result if isinstance(result, XlaUnavailable) else estimate(parse_program(result.hlo))
+            for result in compile_many(texts, target)]
 
 
 def estimate_ops(trace: Trace, chip: ChipSpec, progress: Callable[[str], None] | None = None
@@ -175,10 +186,9 @@ def estimate_ops(trace: Trace, chip: ChipSpec, progress: Callable[[str], None] |
     if progress:
         progress(f"TPU compiler: {len(lowered)} eager op signatures")
     ops: dict[str, OpEstimate] = {}
-    for module, result in zip(lowered, compile_many([m.stablehlo for m in lowered], target)):
+    for module, result in zip(lowered, _compile_small([m.stablehlo for m in lowered], target)):
         if isinstance(result, XlaUnavailable):
             fell_back[module.label] = str(result)
-            continue
-        program = parse_program(result.hlo)
-        ops[module.label] = OpEstimate(program.estimated_cycles / target.clock_hz, program_records(program))
+        else:
+            ops[module.label] = result
     return ops, fell_back

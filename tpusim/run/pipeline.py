@@ -297,11 +297,12 @@ class Interrupts:
         if not self._told:
             self._told = True
             name = self.SIGNALS[signum]
-            # os.write, not print: the signal may land while the main thread is inside a print to stderr,
-            # and a second print into the same buffered stream raises "reentrant call"
-            message = f"\ntpusim: {name}: writing the report of what was done first ({name} again changes nothing)\n"
-            with contextlib.suppress(OSError):
-                os.write(sys.stderr.fileno(), message.encode())
+            message = f"\ntpusim: {name}: writing the report of what was done first ({name} again changes nothing)"
+            try:
+                print(message, file=sys.stderr, flush=True)
+            except RuntimeError:            # the signal landed inside a print to stderr ("reentrant call")
+                with contextlib.suppress(OSError):
+                    os.write(2, (message + "\n").encode())
 
     def stoppable(self, work: Callable[[], None]) -> bool:
         """Run ``work``; False when Ctrl-C stopped it (then nothing after it is stoppable either)."""

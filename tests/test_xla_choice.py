@@ -1,6 +1,6 @@
-"""Who prices torch.compile graphs (--compiler auto|xla|model), decided without running any compiler:
+"""Who builds the programs tpusim prices (--compiler auto|xla|model), decided without running any compiler:
 auto uses the TPU compiler only where the xla extra is installed; without it the report and the terminal
-say so in one line; --compiler xla without the extra is bad input before the script runs."""
+say so in one line, for eager runs too; --compiler xla without the extra is bad input before the script runs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tpusim.report.xla import xla_lines
 from tpusim.run import pipeline
 from tpusim.run.options import RunOptions
 from tpusim.run.progress import Progress
-from tpusim.trace.records import Trace, TraceMeta, XlaModule
+from tpusim.trace.records import OpRecord, Trace, TraceMeta, XlaModule
 from tpusim.xla import compiler, programs
 
 NO_EXTRA = 'the TPU compiler needs the xla extra (pip install -e ".[xla]"): libtpu is not installed'
@@ -31,6 +31,13 @@ def test_auto_without_the_extra_falls_back_with_one_reason(no_extra):
 
 def test_no_compiled_graph_no_compiler_section():
     assert pipeline._xla_estimates(Trace(records=()), None, "auto", Progress(quiet=True)) is None
+
+
+def test_an_eager_run_without_the_extra_says_what_it_would_add(no_extra):
+    op = OpRecord(0, "aten::mm", "mxu", "float32")
+    estimates = pipeline._xla_estimates(Trace(records=(op,)), None, "auto", Progress(quiet=True))
+    assert estimates.fell_back == (f"eager ops: {NO_EXTRA}",)
+    assert pipeline._xla_estimates(Trace(records=(op,)), None, "model", Progress(quiet=True)) is None
 
 
 def test_model_is_never_the_compiler(monkeypatch):

@@ -403,13 +403,18 @@ def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version
 
 
 def _xla_estimates(trace: Trace, chip: ChipSpec, compiler: str, progress: Progress) -> XlaEstimates | None:
-    """The TPU compiler's estimate of the trace's torch.compile graphs (None without any), or why not."""
+    """What the TPU compiler built for the trace's programs, or why it built nothing (None: nothing it would
+    build, or --compiler model for an eager-only run)."""
+    from tpusim.trace.records import OpRecord
     from tpusim.xla.compiler import missing
     from tpusim.xla.programs import XlaEstimates, estimate_programs, use_compiler
 
-    if not trace.meta.xla_modules and not trace.meta.xla_ops:
-        return None
-    if not use_compiler(compiler):
-        why = "--compiler model" if compiler == "model" else missing()
-        return XlaEstimates(fell_back=tuple(f"{m.label}: {why}" for m in trace.meta.xla_modules or ()))
-    return estimate_programs(trace, chip, progress.say)
+    modules = trace.meta.xla_modules or ()
+    if use_compiler(compiler):
+        return estimate_programs(trace, chip, progress.say) if modules or trace.meta.xla_ops else None
+    if compiler == "model":
+        return XlaEstimates(fell_back=tuple(f"{m.label}: --compiler model" for m in modules)) if modules else None
+    if not modules and not any(isinstance(r, OpRecord) for r in trace.records):
+        return None                          # nothing the compiler would have built
+    why = missing()                          # auto without the extra: one line says what it would add
+    return XlaEstimates(fell_back=tuple(f"{label}: {why}" for label in [m.label for m in modules] or ["eager ops"]))

@@ -14,7 +14,8 @@ from tpusim.run.progress import Progress
 from tpusim.trace.records import OpRecord, Trace, TraceMeta, XlaModule
 from tpusim.xla import compiler, programs
 
-NO_EXTRA = 'the TPU compiler needs the xla extra (pip install -e ".[xla]"): libtpu is not installed'
+NO_EXTRA = ('libtpu is not installed; the xla extra (pip install -e ".[xla]") prices each program as the real TPU '
+            'compiler builds it')
 TRACE = Trace(records=(), meta=TraceMeta(xla_modules=(XlaModule("graph 0 (forward)", "module {}", (1, 3)),)))
 
 
@@ -49,7 +50,7 @@ def test_model_is_never_the_compiler(monkeypatch):
 def test_compiler_xla_without_the_extra_is_refused_before_the_script_runs(no_extra, tmp_path):
     script = tmp_path / "m.py"
     script.write_text("raise SystemExit('the script ran')\n")
-    with pytest.raises(TpusimError, match=r"--compiler xla: the TPU compiler needs the xla extra"):
+    with pytest.raises(TpusimError, match=r"--compiler xla: libtpu is not installed; the xla extra"):
         pipeline.run_pipeline(RunOptions(script=str(script), compiler="xla", out=str(tmp_path / "out")))
 
 

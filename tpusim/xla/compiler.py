@@ -89,7 +89,8 @@ def missing() -> str | None:
     """Why the TPU compiler cannot run here, or None when it can."""
     for package in ("jax", "libtpu"):
         if importlib.util.find_spec(package) is None:
-            return f"the TPU compiler needs the xla extra ({EXTRA_HINT}): {package} is not installed"
+            return (f"{package} is not installed; the xla extra ({EXTRA_HINT}) prices each program as the real "
+                    f"TPU compiler builds it")
     return None
 
 

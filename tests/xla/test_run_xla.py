@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from tpusim.cli.compare import reprice
 from tpusim.eager.fusion import FusedKernel
 from tpusim.hardware.compute import kernel_cost
 from tpusim.hardware.spec import load_chip
+from tpusim.report.load import load_report
 from tpusim.trace.records import OpRecord, read_trace, record_signature
 from tpusim.xla.compiler import compile_stablehlo, missing, target_for
 from tpusim.xla.hlo import parse_program
@@ -117,3 +119,8 @@ def test_eager_ops_and_fused_clusters_run_as_xlas_kernels(tmp_path):
     fused = modes["fused"]["xla"]["ops"]          # Fused: each cluster one program, composed from its ops'
     assert fused["clusters"] > 0 and fused["calls"] > 0 and fused["priced_s"] > 0
     assert "TPU compiler (XLA), strict:" in done.stdout and "TPU compiler (XLA), fused:" in done.stdout
+    # tpusim compare re-prices the same recording on another chip through the compiler, compiled for that chip
+    report, folder = load_report(out)
+    again = reprice(folder, report, "2d:1x1", "v6e", "strict", compiler="xla").modes["strict"]
+    assert again.compiler == "xla" and again.xla.ops.calls == modes["strict"]["xla"]["ops"]["calls"]
+    assert reprice(folder, report, "2d:1x1", "v6e", "strict", compiler="model").modes["strict"].xla is None

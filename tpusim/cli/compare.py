@@ -48,6 +48,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--topology", metavar="SPEC", help="re-price A on this slice, e.g. 3d:4x4x8")
     parser.add_argument("--chip", help="re-price A on this chip generation, e.g. v6e")
     parser.add_argument("--mode", help="re-price A in these eager modes (e.g. fused, all)")
+    parser.add_argument("--compiler", choices=("auto", "xla", "model"), default="auto",
+                        help="re-pricing A: xla builds the programs A's recording kept with the real TPU compiler "
+                             "for the new chip, model with tpusim's own, auto: xla where the extra is installed")
     add_fault_arguments(parser)   # re-price A on its slice (or --topology's) with links or chips removed
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
     parser.set_defaults(run=run)
@@ -61,8 +64,10 @@ def load_report(path: str) -> tuple[Report, Path]:
 
 
 def reprice(folder: Path, report: Report, topology: str | None, chip: str | None,
-            modes: str | None, faults: tuple = (None, None, None)) -> Report:
-    """A's program trace priced again: a new report in memory, labelled by what changed."""
+            modes: str | None, faults: tuple = (None, None, None), compiler: str = "auto") -> Report:
+    """A's program trace priced again: a new report in memory, labelled by what changed; the programs the
+    recording kept (compiled graphs, and eager ops when A ran with the compiler) go through the TPU compiler
+    for the new chip as ``compiler`` says (tpusim/xla/)."""
     from tpusim.eager.modes import DEFAULT_MODE, resolve_modes
     from tpusim.pricing import price
     from tpusim.report import RunInfo, build_report
@@ -70,6 +75,7 @@ def reprice(folder: Path, report: Report, topology: str | None, chip: str | None
     from tpusim.slice.faults import apply_faults
     from tpusim.slice.topology import build_slice
     from tpusim.trace.records import read_trace
+    from tpusim.xla.programs import estimate_programs, use_compiler
 
     program = folder / "program.jsonl"
     if not program.is_file():
@@ -78,11 +84,16 @@ def reprice(folder: Path, report: Report, topology: str | None, chip: str | None
     slice_ = build_slice(topology or report.run.topology, chip=chip or (None if topology else report.run.chip))
     slice_ = apply_faults(slice_, *faults)
     names = resolve_modes(modes) if modes else list(report.modes) or [DEFAULT_MODE]
-    timelines = {mode: price(trace, topology=slice_, mode=mode) for mode in names}
+    xla = None
+    if use_compiler(compiler) and (trace.meta.xla_modules or trace.meta.xla_ops):
+        xla = estimate_programs(trace, slice_.chip)
+    compiled_by = {} if xla is None else {"compiled": xla.kernels(), "compiled_ops": xla.op_kernels(),
+                                          "compiled_clusters": xla.cluster_kernels()}
+    timelines = {mode: price(trace, topology=slice_, mode=mode, **compiled_by) for mode in names}
     run = report.run
     info = RunInfo(script=run.script, argv=tuple(run.argv), topology=slice_.spec, numerics=run.numerics,
                    torch_version=run.torch_version, tokens_per_step=run.tokens_per_step)
-    return build_report(info, trace, slice_, timelines, lint(trace, slice_.chip, timelines[names[-1]]))
+    return build_report(info, trace, slice_, timelines, lint(trace, slice_.chip, timelines[names[-1]]), xla=xla)
 
 
 def label(report: Report) -> str:
@@ -152,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
             raise TpusimError("give either a second report B or --topology/--chip/--mode to re-price A, not both")
         b, _ = load_report(args.b)
     elif args.topology or args.chip or args.mode or any(faults):
-        b = reprice(folder, a, args.topology, args.chip, args.mode, faults)
+        b = reprice(folder, a, args.topology, args.chip, args.mode, faults, args.compiler)
     else:
         raise TpusimError("nothing to compare: give a second report B, or --topology/--chip/--mode to re-price A")
     if not a.modes or not b.modes:

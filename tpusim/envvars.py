@@ -112,7 +112,7 @@ VARIABLES: tuple[Variable, ...] = (
     # the device (tpusim/backend/config.py)
     Variable("TPUSIM_CHIP", "a chip name (tpusim chips) or the path of a chip .toml file", _chip),
     Variable("TPUSIM_DEVICES", "a whole number 1..64", whole(1, 64)),
-    Variable("TPUSIM_HBM_BYTES", "a whole number of bytes >= 0, e.g. 16e9 (0: unlimited)", whole(0)),
+    Variable("TPUSIM_HBM_BYTES", "a whole number of bytes 0..2**62, e.g. 16e9 (0: unlimited)", whole(0, 2**62)),
     Variable("TPUSIM_NUMERICS", YES_NO, yes_no, True),
     Variable("TPUSIM_F64", "warn, error, allow", _choice("warn", "error", "allow"), "warn"),
     Variable("TPUSIM_TARGET", "sim, pjrt", _choice("sim", "pjrt"), "sim"),

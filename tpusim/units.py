@@ -63,3 +63,9 @@ def format_seconds(seconds: float) -> str:
         if abs(seconds) >= scale:
             return f"{seconds / scale:.4g} {unit}"
     return f"{seconds / 1e-9:.4g} ns"
+
+
+def ascii_whole(text: str) -> bool:
+    """Whether ``text`` is a whole number in ASCII digits: str.isdigit() alone also takes superscripts ("²")
+    and other scripts' digits, which int() then refuses or reads as something else."""
+    return text.isascii() and text.isdigit()

@@ -127,3 +127,17 @@ def test_a_worker_reads_its_config_from_one_variable(python: object, chip_file: 
     assert proc.stdout.strip() == "TPU mine 3 debug"
     proc = python("import tpusim.backend", env={CONFIG_ENV: "{not json"})
     assert proc.returncode != 0 and f"{CONFIG_ENV}=" in proc.stderr and "not a DeviceConfig" in proc.stderr
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("TPU_VISIBLE_DEVICES", "²"),                   # str.isdigit() takes superscripts; int() then fails
+    ("TPU_VISIBLE_DEVICES", "0,١"),                  # an Arabic-Indic one
+    ("TPU_VISIBLE_CHIPS", "²"),
+    ("TORCH_TPU_TOPOLOGY", "2,²,1"),
+    ("TPUSIM_HBM_BYTES", "9" * 29),                 # past int64: the shim would overflow
+])
+def test_non_ascii_digits_and_overflowing_counts_are_one_line_errors(monkeypatch, name, value) -> None:
+    """Issue 32, row 9: these were raw ValueError tracebacks (or a crash in the shim), now one TpusimError."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(TpusimError, match=name):
+        tb.load_config(chip=load_chip("v5p"))

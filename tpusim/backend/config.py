@@ -59,10 +59,12 @@ from tpusim import envvars
 from tpusim.eager import state as eager
 from tpusim.errors import TpusimError
 from tpusim.hardware.spec import ChipSpec, default_chip, load_chip
+from tpusim.units import ascii_whole
 
 F64_POLICIES = ("warn", "error", "allow")
 TARGETS = ("sim", "pjrt")                  # tpusim/backend/targets/: what computes op values
 MAX_DEVICES = 64                           # the shim's limit (tpusim/backend/csrc: kMaxDevices)
+MAX_HBM_BYTES = 2**62                      # the shim counts bytes in int64: larger capacities overflow it
 CONFIG_ENV = "TPUSIM_DEVICE_CONFIG"
 
 
@@ -190,7 +192,7 @@ def _topology(name: str, chip: ChipSpec) -> tuple[int, ...] | None:
     accepted = ('chips along x, y, z as "2,2,1" or "2x2x1"' +
                 (f', optionally with the {chip.devices_per_chip} devices per chip of {chip.name} as a fourth '
                  f'number ("2,2,1,{chip.devices_per_chip}")' if chip.devices_per_chip > 1 else ""))
-    if not all(p.isdigit() and int(p) >= 1 for p in parts) or not 1 <= len(parts) <= 4:
+    if not all(ascii_whole(p) and int(p) >= 1 for p in parts) or not 1 <= len(parts) <= 4:
         raise TpusimError(f"{name}={raw!r}; accepted: {accepted}")
     dims = tuple(int(p) for p in parts)
     if len(dims) == 4:
@@ -207,7 +209,7 @@ def _topology(name: str, chip: ChipSpec) -> tuple[int, ...] | None:
 
 def _ids(name: str, raw: str, limit: int, unit: str) -> tuple[int, ...]:
     parts = [p.strip() for p in raw.split(",")]
-    if not all(p.isdigit() for p in parts) or len(set(parts)) != len(parts) or \
+    if not all(ascii_whole(p) for p in parts) or len(set(parts)) != len(parts) or \
             not all(int(p) < limit for p in parts):
         raise TpusimError(f"{name}={raw!r}; accepted: distinct {unit} ids 0..{limit - 1} separated by commas, "
                           f"e.g. \"0\" or \"0,1\"")
@@ -243,7 +245,7 @@ def load_config(**given: object) -> DeviceConfig:
         "numerics": lambda: envvars.read("TPUSIM_NUMERICS"),      # the check's own parser (envvars.yes_no)
         "f64": lambda: _choice("TPUSIM_F64", "warn", F64_POLICIES),
         "device_count": lambda: _count("TPUSIM_DEVICES", 1, MAX_DEVICES, f"a whole number 1..{MAX_DEVICES}"),
-        "hbm_bytes": lambda: _count("TPUSIM_HBM_BYTES", 0, None,
+        "hbm_bytes": lambda: _count("TPUSIM_HBM_BYTES", 0, MAX_HBM_BYTES,
                                     "a whole number of bytes >= 0, e.g. 16e9 (0: unlimited)"),
         "target": lambda: _choice("TPUSIM_TARGET", "sim", TARGETS),
     }

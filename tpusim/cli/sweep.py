@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from tpusim.errors import TpusimError
+from tpusim.units import ascii_whole
 
 EXAMPLES = """\
 examples:
@@ -67,7 +68,7 @@ def add_parser(subparsers) -> None:
 
 
 def _positive(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
+    if not ascii_whole(text.strip()) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
     return int(text)
 

@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from tpusim.errors import TpusimError
+from tpusim.units import ascii_whole
 
 Combination = tuple[tuple[str, str], ...]     # ((name, value), ...) in the order the axes were given
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*\Z")
@@ -87,7 +88,7 @@ def tokens_per_step(expression: str | int | None, combination: Combination) -> i
     for factor in str(expression).split("*"):
         factor = factor.strip().lstrip("-")
         text = values.get(factor, factor)
-        if not text.isdigit():
+        if not ascii_whole(text):
             raise TpusimError(f"--tokens-per-step {expression!r}: {factor!r} is neither a whole number nor a "
                               f"--script-arg with whole-number values ({', '.join(values) or 'none given'})")
         total *= int(text)

@@ -79,6 +79,15 @@ def no_device(monkeypatch):
     monkeypatch.setattr(run, "_import_backend", loaded)
 
 
+def test_a_negative_retry_count_is_refused_by_the_parser(capsys):
+    """Issue 32 row 10: ``sweep --retries -5`` was accepted."""
+    with pytest.raises(SystemExit) as stop:
+        main(["sweep", MLP, "--retries", "-5"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "argument --retries: '-5' is not a whole number >= 0" in err
+    assert "Traceback" not in err
+
+
 @pytest.fixture
 def a_file(tmp_path):
     path = tmp_path / "some_file"
@@ -90,6 +99,8 @@ def a_file(tmp_path):
     ("/proc/x", "--out '/proc/x': cannot create the folder: No such file or directory"),
     ("{file}/sub", "cannot create the folder: Not a directory"),
     ("{file}", "exists and is not a folder"),
+    ("", "--out '' names no folder"),             # issue 32 row 10: it wrote the report into the current folder
+    ("  ", "--out '' names no folder"),
 ])
 def test_bad_out_fails_before_the_script_runs(capsys, no_device, a_file, out, expected):
     err = one_error_line(capsys, "run", MLP, "--out", out.format(file=a_file))

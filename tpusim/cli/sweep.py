@@ -61,10 +61,16 @@ def add_parser(subparsers) -> None:
                              "else a local cluster)")
     parser.add_argument("--workers", type=_positive, metavar="N", help="local cluster worker processes (default "
                                                                        "min(4, CPUs))")
-    parser.add_argument("--retries", type=int, default=2, metavar="N", help="retries of a failed task (default 2)")
+    parser.add_argument("--retries", type=_whole, default=2, metavar="N", help="retries of a failed task (default 2)")
     parser.add_argument("--out", metavar="DIR", help="output folder (default sweeps/<report>-<time>)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(run=run, script_args=[])
+
+
+def _whole(text: str) -> int:
+    if not ascii_whole(text.strip()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return int(text)
 
 
 def _positive(text: str) -> int:

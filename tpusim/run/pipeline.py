@@ -113,6 +113,8 @@ def _claim_out_dir(out: str | None, script: Path, spec: str):
     if out is None:
         return claim_new_folder(default_out_dir(script, spec))
     plain_text(out, "--out", "give a folder for the report, e.g. reports/my-run", max_length=4096, ascii_only=False)
+    if not out.strip():                     # '' would be the current folder: the report among the user's files
+        raise TpusimError("--out '' names no folder; give a folder for the report, e.g. reports/my-run")
     return claim_folder(prepare_folder(out))
 
 

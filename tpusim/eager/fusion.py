@@ -678,9 +678,10 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
         elif (isinstance(rec, HostRecord) and rec.event == "dispatch" and rec.reason != BACKWARD_REASON
               and not rec.reason.startswith(MODE_CHANGE_REASON)):
             out.append(rec)
-        elif isinstance(rec, OpRecord) and compiled_ops and compiled_ops.get(record_signature(rec), _NONE).records:
+        elif isinstance(rec, OpRecord) and compiled_ops and \
+                (built := compiled_ops.get(record_signature(rec), _NONE)).records:
             flush(pos, cutter.boundary(_cut_reason(rec)))
-            out.extend(_op_kernels(rec, compiled_ops[record_signature(rec)]))
+            out.extend(_op_kernels(rec, built))
         else:
             flush(pos, cutter.boundary(_cut_reason(rec)))
             out.append(rec)

@@ -134,7 +134,7 @@ from tpusim.report.measured import Measured, measured_section
 from tpusim.report.schema import Report
 from tpusim.report.steps import split_steps
 from tpusim.report.text import resolved
-from tpusim.report.xla import xla_section
+from tpusim.report.xla import xla_sections
 from tpusim.slice.topology import Slice
 from tpusim.trace.records import CollectiveRecord, HostRecord, OpRecord, StepMarker, Trace
 from tpusim.xla.programs import XlaEstimates
@@ -228,8 +228,8 @@ def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str
         "warnings": [asdict(w) for w in warnings],
     }
     if xla is not None:             # the run had compiled programs: who priced them (tpusim/report/xla.py)
-        for mode, timeline in timelines.items():
-            report["modes"][mode].update(xla_section(xla, timeline, trace, chip))
+        for mode, section in xla_sections(xla, timelines, trace, chip).items():
+            report["modes"][mode].update(section)
     if distributed is not None:
         report["distributed"] = asdict(distributed)
     if placements is not None:

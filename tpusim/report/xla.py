@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from tpusim.eager.fusion import fuse
+from tpusim.eager.fusion import ClusterCall, fuse
 from tpusim.hardware.compute import kernel_cost
 from tpusim.hardware.spec import ChipSpec
 from tpusim.pricing.timeline import Timeline
 from tpusim.report.schema import Report
 from tpusim.trace.records import OpRecord, Trace, rank_records, record_signature
 from tpusim.units import format_bytes, format_seconds
-from tpusim.xla.programs import XlaEstimates, fused_clusters
+from tpusim.xla.programs import XlaEstimates
 
 
 def _priced_by_program(timeline: Timeline, trace: Trace) -> dict[int, float]:
@@ -54,9 +54,10 @@ def _ops_section(estimates: XlaEstimates, timeline: Timeline, trace: Trace, chip
                "clusters": len(estimates.clusters), "clusters_left": estimates.clusters_left,
                "calls": len(ran), "priced_s": priced, "fell_back": len(estimates.ops_fell_back)}
     if timeline.policy == "fused":           # the calls are clusters: each one XLA program of its ops
-        found = {seq: (number, call) for number, seq, call in fused_clusters(trace, chip)}
+        clusters: list[tuple[int, int, ClusterCall]] = []
+        model = fuse(next(iter(rank_records(trace).values()), ()), chip, eager=True, clusters_out=clusters).records
+        found = {seq: (number, call) for number, seq, call in clusters}
         numbers = {found[seq][0] for seq in ran if seq in found}
-        model = fuse(next(iter(rank_records(trace).values()), ()), chip, eager=True).records
         return {**section, "estimated_s": sum(estimates.clusters[found[seq][1]].estimated_s for seq in ran
                                               if seq in found and found[seq][1] in estimates.clusters),
                 "model_s": sum(kernel_cost(k, chip).seconds for k in model
@@ -66,13 +67,22 @@ def _ops_section(estimates: XlaEstimates, timeline: Timeline, trace: Trace, chip
             "model_s": sum(kernel_cost(op, chip).seconds for op in calls)}
 
 
-def xla_section(estimates: XlaEstimates, timeline: Timeline, trace: Trace, chip: ChipSpec) -> dict[str, Any]:
+def xla_sections(estimates: XlaEstimates, timelines: dict[str, Timeline], trace: Trace,
+                 chip: ChipSpec) -> dict[str, dict[str, Any]]:
+    """Each mode's ``compiler`` and ``xla`` (``xla_section``); tpusim's own fusion of the programs, the same in
+    every mode, is priced once."""
+    model = _model_by_program(trace, chip) if estimates.priced else {}
+    return {mode: xla_section(estimates, timeline, trace, chip, model) for mode, timeline in timelines.items()}
+
+
+def xla_section(estimates: XlaEstimates, timeline: Timeline, trace: Trace, chip: ChipSpec,
+                model: dict[int, float]) -> dict[str, Any]:
     """``compiler`` ("xla" when XLA priced any program or op, else "model") and, when it did, ``xla`` (see the
-    module docstring), with the programs that fell back and why."""
+    module docstring), with the programs that fell back and why; ``model``: ``_model_by_program``."""
     if not estimates.priced:
         return {"compiler": "model", "xla": {"fell_back": list(estimates.fell_back)}}
     ops = _ops_section(estimates, timeline, trace, chip) if estimates.ops or estimates.clusters else None
-    priced, model = _priced_by_program(timeline, trace), _model_by_program(trace, chip)
+    priced = _priced_by_program(timeline, trace)
     per_program = [{"label": p.label, "devices": p.devices, "executions": len(p.programs), "fusions": p.fusions,
                     "kernels": p.kernels, "estimated_s": p.estimated_s * len(p.programs),
                     "priced_s": sum(priced.get(n, 0.0) for n in p.executions),

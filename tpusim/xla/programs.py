@@ -132,14 +132,6 @@ def estimate_programs(trace: Trace, chip: ChipSpec,
     return XlaEstimates(tuple(compiled), tuple(fell_back), ops, ops_fell_back, clusters, left)
 
 
-def fused_clusters(trace: Trace, chip: ChipSpec) -> list[tuple[int, int, ClusterCall]]:
-    """The Fused eager clusters of the trace's first rank, as Fused prices them: (cluster number, its first op's
-    seq, call)."""
-    calls: list[tuple[int, int, ClusterCall]] = []
-    fuse(next(iter(rank_records(trace).values()), ()), chip, eager=True, clusters_out=calls)
-    return calls
-
-
 def estimate_clusters(trace: Trace, chip: ChipSpec, progress: Callable[[str], None] | None = None
                       ) -> tuple[dict[ClusterCall, OpEstimate], int]:
     """Compile each distinct Fused eager cluster, composed from its ops' programs (``tpusim.xla.clusters``), all in
@@ -151,7 +143,9 @@ def estimate_clusters(trace: Trace, chip: ChipSpec, progress: Callable[[str], No
         target = target_for(chip)
     except XlaUnavailable:
         return {}, 0
-    calls = list(dict.fromkeys(call for _, _, call in fused_clusters(trace, chip)))
+    found: list[tuple[int, int, ClusterCall]] = []       # the clusters of the first rank, as Fused forms them
+    fuse(next(iter(rank_records(trace).values()), ()), chip, eager=True, clusters_out=found)
+    calls = list(dict.fromkeys(call for _, _, call in found))
     texts = {call: compose(call, modules) for call in calls}
     ready = [call for call in calls if texts[call]]
     if progress and ready:

@@ -57,8 +57,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--fail-on", metavar="LINT,...", type=_flag(parse_lint_list), default=(),
                         help="fail on these lint codes (float64 alias f64, host-sync, mxu-padding, hbm, recompile, "
                              "comm-bound, graph-break, ...; or all)")
+    from tpusim.hardware.calibration import add_calibration_argument
     from tpusim.xla.programs import COMPILERS
 
+    add_calibration_argument(parser)
     parser.add_argument("--compiler", choices=COMPILERS, default="auto",
                         help="who prices the programs: xla (the real TPU compiler, deviceless), model or auto "
                              "(default), as in tpusim run")
@@ -92,7 +94,7 @@ def run_options(args: argparse.Namespace, out_dir: Path) -> RunOptions:
 
     return RunOptions(script=args.script, script_args=tuple(args.script_args), chip=args.chip, topology=args.topology,
                       modes=modes_of(args.mode), numerics=args.numerics == "on", placement=args.placement,
-                      out=str(out_dir), quiet=True, compiler=args.compiler)
+                      out=str(out_dir), quiet=True, compiler=args.compiler, calibration=not args.no_calibration)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ examples:
 
 
 def add_parser(subparsers) -> None:
+    from tpusim.hardware.calibration import add_calibration_argument
     from tpusim.network.collectives import ALGORITHMS, KINDS
     from tpusim.slice.faults import add_fault_arguments
 
@@ -56,6 +57,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--twisted", action="store_true", help="twisted torus (v4/v5p k x k x 2k shapes)")
     parser.add_argument("--json", action="store_true", help="print a machine-readable JSON object")
     add_fault_arguments(parser)
+    add_calibration_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -64,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from tpusim.errors import plain_text, shown
     from tpusim.network.collectives import ALGORITHMS, KINDS, simulate_collective
     from tpusim.slice.faults import apply_faults, fault_args
+    from tpusim.hardware.calibration import calibration_label
     from tpusim.slice.topology import build_slice, parse_slices, parse_topology
     from tpusim.units import parse_bytes
 
@@ -78,13 +81,14 @@ def run(args: argparse.Namespace) -> int:
     chunk = parse_bytes(args.chunk) if args.chunk else None
     dims = parse_topology(args.topology)
     slice_ = build_slice(args.topology, chip=args.chip, wrap=wrap_override(dims, args.wrap, args.no_wrap),
-                         slices=slices, twisted=args.twisted or None)
+                         slices=slices, twisted=args.twisted or None, calibrated=not args.no_calibration)
     slice_ = apply_faults(slice_, *fault_args(args))
     result = simulate_collective(slice_, args.kind, nbytes, axes=args.axes, algorithm=args.algorithm,
                                  chunk_bytes=chunk)
     if args.json:
         out = result.to_dict()
-        out.update(chip=slice_.chip.name, topology=slice_.spec, slices=slice_.num_slices)
+        out.update(chip=slice_.chip.name, calibration=calibration_label(slice_.chip), topology=slice_.spec,
+                   slices=slice_.num_slices)
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0
     print(_table(result, slice_))
@@ -92,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _table(r, slice_) -> str:
+    from tpusim.hardware.calibration import calibration_text
     from tpusim.units import format_bytes, format_rate, format_seconds
 
     chip = slice_.chip
@@ -120,7 +125,7 @@ def _table(r, slice_) -> str:
         ("simulated", "", r.simulated or "every transfer"),
     ]
     head = (f"{r.kind} of {format_bytes(r.bytes)} over {r.group_size} chips (axes {axes}) "
-            f"on {where}, {chip.display_name}")
+            f"on {where}, {chip.display_name} ({calibration_text(chip)})")
     width = max(len(v) for _, v, _ in rows)
     lines = [head] + [f"  {k:<14} {v:<{width}}  {why}" for k, v, why in rows]
     return "\n".join(lines)

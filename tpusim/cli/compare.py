@@ -38,6 +38,7 @@ METRICS = (
 
 
 def add_parser(subparsers) -> None:
+    from tpusim.hardware.calibration import add_calibration_argument
     from tpusim.slice.faults import add_fault_arguments
 
     parser = subparsers.add_parser(
@@ -52,6 +53,7 @@ def add_parser(subparsers) -> None:
                         help="re-pricing A: xla builds the programs A's recording kept with the real TPU compiler "
                              "for the new chip, model with tpusim's own, auto: xla where the extra is installed")
     add_fault_arguments(parser)   # re-price A on its slice (or --topology's) with links or chips removed
+    add_calibration_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
     parser.set_defaults(run=run)
 
@@ -64,7 +66,8 @@ def load_report(path: str) -> tuple[Report, Path]:
 
 
 def reprice(folder: Path, report: Report, topology: str | None, chip: str | None,
-            modes: str | None, faults: tuple = (None, None, None), compiler: str = "auto") -> Report:
+            modes: str | None, faults: tuple = (None, None, None), compiler: str = "auto",
+            calibration: bool = True) -> Report:
     """A's program trace priced again: a new report in memory, labelled by what changed; the programs the
     recording kept (compiled graphs, and eager ops when A ran with the compiler) go through the TPU compiler
     for the new chip as ``compiler`` says (tpusim/xla/)."""
@@ -81,7 +84,8 @@ def reprice(folder: Path, report: Report, topology: str | None, chip: str | None
     if not program.is_file():
         raise TpusimError(f"{folder}: no program.jsonl to re-price (it is written by `tpusim run`)")
     trace = read_trace(program)
-    slice_ = build_slice(topology or report.run.topology, chip=chip or (None if topology else report.run.chip))
+    slice_ = build_slice(topology or report.run.topology, chip=chip or (None if topology else report.run.chip),
+                         calibrated=calibration)
     slice_ = apply_faults(slice_, *faults)
     names = resolve_modes(modes) if modes else list(report.modes) or [DEFAULT_MODE]
     xla = None
@@ -163,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
             raise TpusimError("give either a second report B or --topology/--chip/--mode to re-price A, not both")
         b, _ = load_report(args.b)
     elif args.topology or args.chip or args.mode or any(faults):
-        b = reprice(folder, a, args.topology, args.chip, args.mode, faults, args.compiler)
+        b = reprice(folder, a, args.topology, args.chip, args.mode, faults, args.compiler,
+                    calibration=not args.no_calibration)
     else:
         raise TpusimError("nothing to compare: give a second report B, or --topology/--chip/--mode to re-price A")
     if not a.modes or not b.modes:

@@ -42,6 +42,7 @@ What it writes (in --out, default reports/<script>-<topology>-<time>/):
 
 def add_parser(subparsers) -> None:
     from tpusim.eager.modes import DEFAULT_MODE, MODES
+    from tpusim.hardware.calibration import add_calibration_argument
     from tpusim.slice.faults import add_fault_arguments
     from tpusim.xla.programs import COMPILERS
 
@@ -68,6 +69,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--placement", metavar="MAP",
                         help="DeviceMesh dims -> torus axes, e.g. 'tp=x,fsdp=yz' (default: innermost dim on x, "
                              "then y, z)")
+    add_calibration_argument(parser)
     parser.add_argument("--compiler", choices=COMPILERS, default="auto",
                         help="who builds the programs tpusim prices (torch.compile graphs, Fused eager clusters, "
                              "eager ops): xla (the real TPU compiler, deviceless; needs pip install -e \".[xla]\"), "

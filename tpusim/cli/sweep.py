@@ -38,6 +38,8 @@ after --retries (a killed worker) are rows with status failed and the exit code 
 
 
 def add_parser(subparsers) -> None:
+    from tpusim.hardware.calibration import add_calibration_argument
+
     parser = subparsers.add_parser(
         "sweep", help="price one recording over chips x topologies x slices x modes x placements on Dask",
         description=__doc__.replace("``", ""), epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,6 +58,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--mode", help="eager modes, comma list or all (default strict)")
     parser.add_argument("--placement", metavar="MAPS", help="placements separated by ';', e.g. "
                                                              "'tp=x,fsdp=yz;default'")
+    add_calibration_argument(parser)
     parser.add_argument("--scheduler", metavar="ADDRESS",
                         help="a running Dask scheduler, e.g. tcp://host:8786 (default: DASK_SCHEDULER_ADDRESS, "
                              "else a local cluster)")
@@ -88,6 +91,8 @@ def grid_axes(args: argparse.Namespace) -> dict[str, tuple]:
                         ("slices", args.slices), ("placements", args.placement)):
         if value is not None:
             axes[axis] = split_list(value)
+    if args.no_calibration:
+        axes["calibrations"] = (False,)
     return axes
 
 

@@ -28,6 +28,8 @@ examples:
 
 
 def add_parser(subparsers) -> None:
+    from tpusim.hardware.calibration import add_calibration_argument
+
     parser = subparsers.add_parser(
         "validate", help="compare predictions with published TPU measurements (the fidelity suite)",
         description="Price each fidelity case (a published TPU measurement) and print published, predicted "
@@ -37,8 +39,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--fast", action="store_true", help="skip the cases marked slow")
     parser.add_argument("--list", action="store_true", help="list the cases with their sources and exit")
     parser.add_argument("--json", metavar="PATH", help="also write the results (and summary) as JSON")
-    parser.add_argument("--no-calibration", action="store_true",
-                        help="price the datasheet chips (topologies/chips) without topologies/calibration")
+    add_calibration_argument(parser)
     parser.add_argument("--explain", metavar="CASE",
                         help="where CASE's predicted time goes and how much each calibrated parameter moves it")
     parser.add_argument("--fit", metavar="PARAM", help="fit one share parameter (e.g. mxu_efficiency) on --on")

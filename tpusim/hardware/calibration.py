@@ -16,8 +16,9 @@ is one row of ``PARAMETERS``: a share that scales a ChipSpec rate, a ChipSpec fi
 an opt-in term of ``tpusim.hardware.compute`` (``CalibrationTerms``) that a plain ChipSpec does not carry.
 Adding a parameter = one row there (and, for a new kind of term, its use in compute.py).
 
-Who loads it: ``tpusim validate`` (``--no-calibration`` shows the uncalibrated model). Nothing else
-does yet, so ``tpusim run``, ``collective`` and ``compare`` price the datasheet chip unchanged.
+Who loads it: every command that prices (``run``, ``check``, ``compare``, ``collective``, ``sweep``,
+``validate``), through ``tpusim.slice.topology.build_slice(calibrated=True)``; ``--no-calibration`` prices
+the datasheet chip. Report.json's ``chip.calibration`` and the summary say which was used.
 
 File format (one table per parameter)::
 
@@ -43,8 +44,8 @@ from tpusim.errors import TpusimError
 from tpusim.hardware.compute import CalibrationTerms
 from tpusim.hardware.spec import ChipSpec, topologies_dir
 
-__all__ = ["PARAMETERS", "CalibratedChip", "Calibration", "Parameter", "ParameterKind", "available_calibrations",
-           "calibrated", "calibration_dir", "load_calibration"]
+__all__ = ["PARAMETERS", "CalibratedChip", "Calibration", "Parameter", "ParameterKind", "add_calibration_argument",
+           "available_calibrations", "calibrated", "calibration_dir", "calibration_label", "calibration_text", "datasheet_chip", "load_calibration"]
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,8 @@ class Calibration:
                 fields[kind.target] = fields[kind.target] * param.value
             else:
                 fields[kind.target] = type(fields[kind.target])(param.value)
-        return CalibratedChip(**fields, terms=CalibrationTerms(**terms), calibration=self.path or self.chip)
+        return CalibratedChip(**fields, terms=CalibrationTerms(**terms), calibration=self.path or self.chip,
+                              datasheet=chip)
 
     def to_dict(self) -> dict:
         return {"chip": self.chip, "path": self.path,
@@ -177,9 +179,44 @@ class CalibratedChip(ChipSpec):
 
     terms: CalibrationTerms = CalibrationTerms()
     calibration: str = ""                  # the calibration file it came from
+    datasheet: ChipSpec | None = None      # the chip before it (what a recording process is configured with)
+
+
+def datasheet_chip(chip: ChipSpec) -> ChipSpec:
+    """The chip as its chip file says, calibrated or not (a recording needs the chip's facts, not its shares)."""
+    return chip.datasheet if isinstance(chip, CalibratedChip) and chip.datasheet is not None else chip
 
 
 # --------------------------------------------------------------------------- loading
+
+NO_CALIBRATION_HELP = ("price the datasheet chip (default: the chip with its calibration, "
+                       "topologies/calibration/<chip>.toml: what compiled programs reach on real TPUs)")
+
+
+def add_calibration_argument(parser) -> None:
+    """``--no-calibration``, for every command that prices (run, check, compare, collective, sweep, validate)."""
+    parser.add_argument("--no-calibration", action="store_true", help=NO_CALIBRATION_HELP)
+
+
+def calibration_label(chip: ChipSpec) -> str:
+    """What report.json says of a chip: its calibration file, or 'datasheet'."""
+    return _shown_path(chip.calibration) if isinstance(chip, CalibratedChip) else "datasheet"
+
+
+def calibration_text(chip: ChipSpec) -> str:
+    """What a summary says of a chip: 'calibrated: topologies/calibration/v5p.toml', or why it is not."""
+    if isinstance(chip, CalibratedChip):
+        return f"calibrated: {_shown_path(chip.calibration)}"
+    if load_calibration(chip.name) is None:
+        return f"datasheet: {chip.name} has no calibration file"
+    return "datasheet: --no-calibration"
+
+
+def _shown_path(path: str) -> str:
+    """A calibration file's path from topologies/ on (the install folder says nothing to a user)."""
+    parts = Path(path).parts
+    return str(Path(*parts[-3:])) if len(parts) >= 3 else path
+
 
 def calibration_dir() -> Path:
     """``topologies/calibration/`` (``$TPUSIM_TOPOLOGIES/calibration`` when that is set)."""
@@ -202,7 +239,10 @@ def load_calibration(chip: str) -> Calibration | None:
 
 def calibrated(chip: ChipSpec, calibration: Calibration | None | bool = True) -> ChipSpec:
     """``chip`` with a calibration applied: ``True`` = its generation's file (the chip unchanged when
-    there is none), ``False``/``None`` = no calibration, or a ``Calibration`` to apply."""
+    there is none), ``False``/``None`` = no calibration, or a ``Calibration`` to apply. A chip already
+    calibrated stays as it is for ``True`` (a share applied twice would be squared)."""
+    if calibration is True and isinstance(chip, CalibratedChip):
+        return chip
     if calibration is True:
         calibration = load_calibration(chip.name)
     if not calibration:

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tpusim.errors import TpusimError
 from tpusim.hardware.spec import ChipSpec
@@ -130,6 +130,13 @@ def mxu_peak_flops_per_s(chip: ChipSpec, dtype: str) -> float:
     """The chip's matmul peak for a dtype (whole chip, all TensorCores and MXUs)."""
     return {"bf16": chip.peak_bf16_flops_per_s, "f32": chip.peak_f32_flops_per_s,
             "int8": chip.peak_int8_flops_per_s, "fp8": chip.peak_fp8_flops_per_s}[dtype_class(dtype)]
+
+
+def at_matmul_precision(chip: ChipSpec, bf16_passes: int = 1) -> ChipSpec:
+    """``chip`` with f32 matmuls at ``bf16_passes`` MXU passes each. The chip file's f32 peak is the
+    datasheet's (six passes, XLA's HIGHEST); a program runs at the precision in effect, and TorchTPU's
+    default, DEFAULT, rounds f32 operands to bf16 and takes one pass (HIGH three, HIGHEST six)."""
+    return replace(chip, peak_f32_flops_per_s=chip.peak_bf16_flops_per_s / bf16_passes)
 
 
 def itemsize(dtype: str) -> int:

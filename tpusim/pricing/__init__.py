@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 
 from tpusim.eager.fusion import ClusterCall, CompiledProgram
 from tpusim.eager.modes import DEFAULT_MODE, get_mode
+from tpusim.hardware.compute import at_matmul_precision
 from tpusim.hardware.spec import ChipSpec
 from tpusim.pricing.engine import simulate
 from tpusim.pricing.planning import plan
@@ -38,10 +39,13 @@ def price(trace: Trace, *, topology: str | Slice = "", chip: str | ChipSpec | No
     """Simulate ``trace`` on a slice under one eager mode and return its Timeline; ``compiled``: the kernels
     the TPU compiler built for program executions (``tpusim.xla.programs``), ``compiled_ops`` for eager ops
     (by ``tpusim.trace.records.record_signature``) and ``compiled_clusters`` for Fused eager clusters, priced in
-    their place."""
+    their place. Float32 matmuls cost the bf16 passes of the precision the program ran at (TorchTPU's
+    DEFAULT, one pass, unless it asked for more: ``TraceMeta.matmul_precision``)."""
     slice_ = topology if isinstance(topology, Slice) else build_slice(topology or "3d:1x1x1", chip=chip)
+    precision = trace.meta.matmul_precision
+    kernel_chip = at_matmul_precision(slice_.chip, precision.bf16_passes if precision else 1)
     eager_mode = get_mode(mode)  # an unknown name raises with the accepted ones
     if progress:
         progress(f"pricing {eager_mode.name} mode on {slice_.spec} ({slice_.chip.name})")
-    return simulate(plan(trace, eager_mode, slice_.chip, compiled, compiled_ops, compiled_clusters), slice_,
+    return simulate(plan(trace, eager_mode, kernel_chip, compiled, compiled_ops, compiled_clusters), slice_,
                     chunk_bytes=chunk_bytes)

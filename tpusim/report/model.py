@@ -122,6 +122,7 @@ from typing import Any
 
 from tpusim import __version__
 from tpusim.errors import TpusimError
+from tpusim.hardware.calibration import calibration_label
 from tpusim.hardware.compute import mxu_peak_flops_per_s
 from tpusim.hardware.spec import ChipSpec
 from tpusim.placement import Distributed, PlacementComparison
@@ -275,7 +276,7 @@ def chip_summary(chip: ChipSpec) -> dict[str, Any]:
     return {"name": chip.name, "display_name": chip.display_name,
             "peak_bf16_flops_per_s": chip.peak_bf16_flops_per_s, "hbm_bytes": chip.hbm_bytes,
             "hbm_bytes_per_s": chip.hbm_bytes_per_s, "ici_link_bytes_per_s": chip.ici_link_bytes_per_s,
-            "mxu_size": chip.mxu_size}
+            "mxu_size": chip.mxu_size, "calibration": calibration_label(chip)}
 
 
 def program_summary(trace: Trace) -> dict[str, Any]:

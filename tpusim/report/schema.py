@@ -107,6 +107,7 @@ class ChipSection(Open):
     hbm_bytes: Num | None = None
     ici_link_bytes_per_s: Num | None = None
     mxu_size: int | None = None
+    calibration: str | None = None     # the calibration file priced with (topologies/calibration/...), or "datasheet"
 
 
 class SliceSection(Open):

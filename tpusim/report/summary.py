@@ -115,7 +115,10 @@ def summary_table(report: Report, out_dir: str) -> str:
     per_rank = f" per rank ({ranks} ranks recorded)" if ranks > 1 else ""
     steps = (f"{program.steps} steps" if program.steps
              else "no steps marked (optimizer.step() or tpusim.backend.step() mark them)")
-    lines = [f"tpusim: {run.script} on {run.topology} ({report.chip.display_name}, "
+    calibration = report.chip.calibration
+    chip = report.chip.display_name + (f", calibrated ({calibration})" if calibration not in (None, "datasheet")
+                                       else ", uncalibrated" if calibration else "")
+    lines = [f"tpusim: {run.script} on {run.topology} ({chip}, "
              f"{_chips(report.slice.chips)}) - {program.ops} ops, {program.collectives} collectives, "
              f"{steps}{per_rank}"]
     if report.slice.shape_note:

@@ -41,6 +41,7 @@ class RunOptions:
     fault_seed: str | None = None
     out: str | None = None                  # None: a fresh folder under reports/
     compiler: str = "auto"                  # who prices torch.compile graphs: COMPILERS (tpusim/xla/programs.py)
+    calibration: bool = True                # the chip's calibration (topologies/calibration/); False: datasheet
     quiet: bool = False
 
     @property
@@ -61,7 +62,8 @@ class RunOptions:
                    target=args.target, pjrt_timeout_s=args.pjrt_timeout or None,
                    tokens_per_step=args.tokens_per_step, max_records=args.max_records,
                    fail_links=args.fail_links, fail_chips=args.fail_chips, fault_seed=args.fault_seed,
-                   out=args.out, quiet=args.quiet, compiler=args.compiler)
+                   out=args.out, quiet=args.quiet, compiler=args.compiler,
+                   calibration=not args.no_calibration)
 
     def argv(self) -> list[str]:
         """The `python -m tpusim run ...` command line that asks for exactly these options."""
@@ -78,6 +80,7 @@ class RunOptions:
             if value is not None:
                 command += [flag, str(value)]
         command += ["--compare-placements"] if self.compare_placements else []
+        command += [] if self.calibration else ["--no-calibration"]
         command += ["--quiet"] if self.quiet else []
         return [*command, "--", *self.script_args] if self.script_args else command
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from tpusim import envvars
 from tpusim.errors import TpusimError, plain_text
+from tpusim.hardware.calibration import datasheet_chip
 from tpusim.report.measured import JaxDevice
 from tpusim.run.measure import INTERRUPTED
 from tpusim.run.options import RunOptions
@@ -88,7 +89,8 @@ def run_pipeline(options: RunOptions) -> RunResult:
     else:
         topology, chip = options.topology, chip_arg
     try:
-        slice_ = build_slice(topology, chip=chip)  # bad topology/chip fails here, before the script runs
+        # bad topology/chip fails here, before the script runs
+        slice_ = build_slice(topology, chip=chip, calibrated=options.calibration)
     except TpusimError as error:
         if chip_from != "device":
             raise
@@ -125,7 +127,7 @@ def _record_and_report(options: RunOptions, script: Path, slice_, device: JaxDev
     progress.say(f"running {script.name} on {slice_.spec} ({slice_.chip.display_name}, {chips}), "
                  f"numerics {options.numerics_word}")
     backend = _import_backend()
-    settings: dict[str, object] = {"chip": slice_.chip, "numerics": options.numerics}
+    settings: dict[str, object] = {"chip": datasheet_chip(slice_.chip), "numerics": options.numerics}
     settings["topology"] = slice_.dims      # torch.tpu.topology_aware_mesh & co. see the --topology slice
     if device is not None:                   # record on the simulator; JAX's device stays free for the real runs
         settings["target"] = "sim"
@@ -230,7 +232,7 @@ def _measurer(script: Path, options: RunOptions, slice_, device: JaxDevice, chip
         for mode in options.mode_names:
             progress.say(f"measuring {mode}: {script.name} runs for real on JAX's {device.device_kind} "
                          f"({device.platform}) in a fresh process")
-            run = measure_mode(script, list(options.script_args), mode, chip=slice_.chip,
+            run = measure_mode(script, list(options.script_args), mode, chip=datasheet_chip(slice_.chip),
                                world=slice_.total_chips, chips_per_host=slice_.chip.chips_per_host,
                                timeout_s=options.pjrt_timeout_s)
             runs.append(run)

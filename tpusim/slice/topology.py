@@ -53,6 +53,7 @@ from functools import cached_property, lru_cache
 import networkx as nx
 
 from tpusim.errors import TpusimError, plain_text, shown
+from tpusim.hardware import calibration as _calibration
 from tpusim.hardware import spec as _spec
 from tpusim.hardware.spec import ChipSpec
 from tpusim.slice.shapes import shape_note
@@ -573,15 +574,20 @@ def build_slice(
     wrap: tuple[bool, ...] | None = None,
     slices: int = 1,
     twisted: bool | None = None,
+    calibrated: bool = False,
 ) -> Slice:
     """Build a slice from a topology string, applying the chip generation's shape and wrap rules.
 
     ``chip`` defaults to ``spec.default_chip_for_dims(ndims)`` (the chip files say: 2d -> v6e, 3d -> v5p);
     ``wrap`` overrides the hardware rule per axis (for what-if studies); ``slices`` > 1 joins identical slices over DCN;
-    ``twisted`` asks for a twisted torus (only legal shapes on twist-capable generations).
+    ``twisted`` asks for a twisted torus (only legal shapes on twist-capable generations); ``calibrated``
+    applies the generation's calibration (``tpusim.hardware.calibration``: what compiled programs achieve of
+    the datasheet), as every pricing command does unless told ``--no-calibration``.
     """
     dims = parse_topology(spec)
     cs, default_used = _resolve_chip(chip, len(dims))
+    if calibrated:
+        cs = _calibration.calibrated(cs)
     want = cs.torus_dims
     if len(dims) > want:
         raise TpusimError(f"topology {spec} has {len(dims)} axes but {cs.name} is a {want}D torus: "

@@ -55,20 +55,21 @@ def load_recording(folder: str | Path) -> Recording:
 
 def sweep(recording: str | Path | Recording, *, chips: Sequence[str] = (), topologies: Sequence[str] = (),
           modes: Sequence[str] = ("strict",), slices: Sequence[int] = (1,),
-          placements: Sequence[str] = (DEFAULT_PLACEMENT,), scheduler: str | None = None,
+          placements: Sequence[str] = (DEFAULT_PLACEMENT,), calibrations: Sequence[bool] = (True,), scheduler: str | None = None,
           workers: int | None = None, retries: int = 2, out: str | Path | None = None, client: Any = None,
           on_row: Callable[[dict[str, Any]], None] | None = None) -> Any:
     """Price ``recording`` over the grid on Dask; returns the table as a pandas DataFrame (one row per point,
     ``status`` ok / invalid / failed, a ``pareto`` column), also written to ``out`` when given.
 
-    ``chips``/``topologies`` default to the recording's own; ``client``: an existing distributed.Client,
+    ``chips``/``topologies`` default to the recording's own; ``calibrations``: (True,) prices each chip with its
+    calibration (topologies/calibration/), (False,) the datasheet chip; ``client``: an existing distributed.Client,
     else ``scheduler`` (or DASK_SCHEDULER_ADDRESS), else an embedded LocalCluster of ``workers`` processes."""
     from tpusim.sweep.cluster import dask_client, run_points
     from tpusim.sweep.write import sweep_table, write_sweep
 
     rec = recording if isinstance(recording, Recording) else load_recording(recording)
     grid = Grid(tuple(chips) or _own(rec.chip, "chips"), tuple(topologies) or _own(rec.topology, "topologies"),
-                tuple(modes), tuple(slices), tuple(placements))
+                tuple(modes), tuple(slices), tuple(placements), tuple(calibrations))
     points = grid.points()
     if client is not None:
         rows = run_points(client, rec.trace, points, rec.tokens_per_step, retries, on_row)
@@ -91,7 +92,8 @@ def _own(value: str | None, axis: str) -> tuple[str, ...]:
 
 def sweep_script(script: str | Path, script_args: Mapping[str, Sequence[object]], *, chips: Sequence[str] = (),
                  topologies: Sequence[str] = (), modes: Sequence[str] = ("strict",), slices: Sequence[int] = (1,),
-                 placements: Sequence[str] = (DEFAULT_PLACEMENT,), tokens_per_step: str | int | None = None,
+                 placements: Sequence[str] = (DEFAULT_PLACEMENT,), calibrations: Sequence[bool] = (True,),
+                 tokens_per_step: str | int | None = None,
                  fixed_args: Sequence[str] = (), scheduler: str | None = None, workers: int | None = None,
                  retries: int = 2, out: str | Path | None = None, client: Any = None,
                  on_recorded: Callable[[Any], None] | None = None,
@@ -134,7 +136,7 @@ def sweep_script(script: str | Path, script_args: Mapping[str, Sequence[object]]
                               f"{recorded[0].error}")
         grid = Grid(chips or _own(first and first.chip, "chips"),
                     topologies or _own(first and first.topology, "topologies"),
-                    tuple(modes), tuple(slices), tuple(placements))
+                    tuple(modes), tuple(slices), tuple(placements), tuple(calibrations))
         points = grid.points()
         rows: list[dict[str, Any]] = []
 

@@ -56,7 +56,8 @@ def dask_client(scheduler: str | None = None, workers: int | None = None) -> Ite
 
 
 def failed_row(point: Point, error: BaseException | str, status: str = "failed") -> dict[str, Any]:
-    return {"chip": point.chip, "topology": point.topology, "slices": point.slices, "mode": point.mode,
+    return {"chip": point.chip, "calibrated": point.calibrated, "topology": point.topology, "slices": point.slices,
+            "mode": point.mode,
             "placement": point.placement, "status": status,
             "error": error if isinstance(error, str) else f"{type(error).__name__}: {error}"}
 

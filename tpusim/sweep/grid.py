@@ -26,6 +26,7 @@ class Point:
     slices: int
     mode: str
     placement: str = DEFAULT_PLACEMENT
+    calibrated: bool = True       # the chip generation's calibration applied (False: the datasheet chip)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Grid:
     modes: tuple[str, ...] = ("strict",)
     slices: tuple[int, ...] = (1,)
     placements: tuple[str, ...] = (DEFAULT_PLACEMENT,)
+    calibrations: tuple[bool, ...] = (True,)     # --no-calibration: (False,)
 
     def __post_init__(self) -> None:
         from tpusim.eager.modes import resolve_modes
@@ -50,8 +52,9 @@ class Grid:
         object.__setattr__(self, "slices", tuple(parse_slices(s) for s in self.slices))
 
     def points(self) -> list[Point]:
-        return [Point(chip, topology, slices, mode, placement) for chip, topology, slices, mode, placement
-                in itertools.product(self.chips, self.topologies, self.slices, self.modes, self.placements)]
+        return [Point(chip, topology, slices, mode, placement, calibrated) for chip, topology, slices, mode, placement,
+                calibrated in itertools.product(self.chips, self.topologies, self.slices, self.modes, self.placements,
+                                                self.calibrations)]
 
 
 def split_list(text: str | None) -> tuple[str, ...]:

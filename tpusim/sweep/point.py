@@ -15,7 +15,7 @@ from tpusim.errors import TpusimError
 from tpusim.sweep.grid import DEFAULT_PLACEMENT, Point
 from tpusim.trace.records import Trace
 
-COLUMNS = ("chip", "topology", "slices", "mode", "placement", "chips", "status", "step_time_s", "total_s",
+COLUMNS = ("chip", "calibrated", "topology", "slices", "mode", "placement", "chips", "status", "step_time_s", "total_s",
            "mfu", "tflops_per_s_per_chip", "tokens_per_s_per_chip", "hbm_peak_bytes", "hbm_peak_fraction",
            "collective_exposed_s", "host_stall_s", "kernels", "bound", "price_wall_s", "worker", "error")
 
@@ -24,7 +24,7 @@ def point_slice(point: Point):
     """The point's Slice (bad chip/topology pairs raise TpusimError here, before any pricing)."""
     from tpusim.slice.topology import build_slice
 
-    return build_slice(point.topology, chip=point.chip, slices=point.slices)
+    return build_slice(point.topology, chip=point.chip, slices=point.slices, calibrated=point.calibrated)
 
 
 def price_point(trace: Trace, point: Point, tokens_per_step: int | None = None) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def price_point(trace: Trace, point: Point, tokens_per_step: int | None = None) 
     from tpusim.report.model import mode_report
 
     began = time.perf_counter()
-    row: dict[str, Any] = {"chip": point.chip, "topology": point.topology, "slices": point.slices,
+    row: dict[str, Any] = {"chip": point.chip, "calibrated": point.calibrated, "topology": point.topology, "slices": point.slices,
                            "mode": point.mode, "placement": point.placement}
     try:
         slice_ = point_slice(point)

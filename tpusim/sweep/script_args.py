@@ -17,7 +17,7 @@ from tpusim.units import ascii_whole
 
 Combination = tuple[tuple[str, str], ...]     # ((name, value), ...) in the order the axes were given
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*\Z")
-RESERVED = frozenset({"chip", "topology", "slices", "mode", "placement", "chips", "status", "error",
+RESERVED = frozenset({"chip", "calibrated", "topology", "slices", "mode", "placement", "chips", "status", "error",
                       "pareto", "worker", "recording"})    # names the table already has a column for
 
 

@@ -121,13 +121,16 @@ def test_cases_have_unique_names_sources_and_published_times():
 
 
 def test_the_two_held_out_measurements_are_not_cases():
-    """MLPerf v4.0 GPT-3 175B on one 8x8x8 v5p slice (512 chips, `v5p-1024`), and the scaling book's
-    latency-bound small-message all-gather measured on v5e (Pop Quiz 2, part 2: 8 us) must never be cases."""
+    """MLPerf v4.0 GPT-3 175B on one 8x8x8 v5p slice (512 chips, `v5p-1024`) and its tpu-recipes twin, the
+    Trillium GPT-3 bf16 recipe, and the scaling book's latency-bound small-message all-gather measured on v5e
+    (Pop Quiz 2, part 2: 8 us) must never be cases."""
     for c in CASES:
         text = f"{c.name} {c.title} {c.setup} {c.where} {c.slice}".lower()
         if "gpt3" in text or "gpt-3" in text or "mlperf" in text:
             assert "8x8x8" not in text and "v5p-1024" not in text and "512 chips" not in text, c.name
-            assert "v4.0" in c.name and c.chip == "v5p"        # the other MLPerf rounds are not cases yet
+            assert "gpt3-175b-maxtext/bf16" not in text and "training/v5p/gpt3" not in text, c.name
+            # the other MLPerf rounds are not cases yet; the one v6e GPT-3 case is the int8 (fp8 folder) recipe
+            assert ("v4.0" in c.name and c.chip == "v5p") or "gpt3-175b-maxtext/fp8" in text, c.name
         assert not (c.chip == "v5e" and "part 2" in text)
         assert not (c.chip == "v5e" and c.kind == "measured" and c.published_s < 50e-6)
 
@@ -284,7 +287,7 @@ def test_cli_table_json_and_explain(tmp_path, capsys):
     assert main(["validate", "--case", "sb-c2-allgather-v5e-4x8-profile", "--case", "sb-v18",
                  "--json", str(out), "--quiet"]) == 0
     table = capsys.readouterr().out
-    assert "sb-c2-allgather-v5e-4x8-profile" in table and "measured, held out" in table
+    assert "sb-c2-allgather-v5e-4x8-profile" in table and "all measured, held out" in table
     data = json.loads(out.read_text())
     assert [r["case"] for r in data["results"]] == ["sb-c2-allgather-v5e-4x8-profile",
                                                      "sb-v18-ffw-matmul-v2-profile"]

@@ -26,6 +26,13 @@ except ImportError:             # not POSIX: folders are not locked
     fcntl = None  # type: ignore[assignment]
 
 
+def cache_dir(name: str) -> Path:
+    """Where tpusim keeps what it can compute again (``name``: "xla", "validate"): $XDG_CACHE_HOME/tpusim/NAME,
+    else ~/.cache/tpusim/NAME."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tpusim" / name
+
+
 def temporary_name(path: Path) -> Path:
     """A name beside ``path`` that no other writer (process or thread) uses: ``.name.<pid>.<random>.tmp``."""
     return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")

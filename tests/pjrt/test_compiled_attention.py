@@ -55,3 +55,32 @@ def test_fused_attention_is_priced_as_flash_attention():
     # causal flash forward: 2 matmuls over the kept half (plus the diagonal) of the 256 x 256 scores per head
     kept = 4 * 256 * 257 / 2
     assert op.cost.flops == pytest.approx(kept * (2 * 2 * (64 + 64) / 2 + 5), rel=1e-6)
+
+
+def test_grouped_query_attention_inside_a_checkpoint_is_one_fused_op_and_matches_cpu():
+    """enable_gqa (K and V with fewer heads) inside torch.utils.checkpoint: the rewrite reaches the checkpoint's
+    body, and the values and gradients (K's and V's summed over each group of query heads) equal CPU's."""
+    from torch.utils.checkpoint import checkpoint
+
+    q = torch.randn(2, 4, 16, 8)
+    k, v = torch.randn(2, 2, 16, 8), torch.randn(2, 2, 16, 8)
+
+    def attend(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(a, b, c, is_causal=True, enable_gqa=True) * 2
+
+    def block(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        return checkpoint(attend, a, b, c, use_reentrant=False)
+
+    debug = []
+    leaves = [t.clone().to("tpu").requires_grad_() for t in (q, k, v)]
+    out = torch.compile(block, backend="tpu", options={"debug_callback": debug.append})(*leaves)
+    out.backward(torch.ones_like(out))
+    cpu = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = attend(*cpu)
+    want.backward(torch.ones_like(want))
+    torch.testing.assert_close(out.detach().cpu(), want.detach(), rtol=1e-5, atol=1e-5)
+    for got, ref in zip(leaves, cpu, strict=True):
+        torch.testing.assert_close(got.grad.cpu(), ref.grad, rtol=1e-4, atol=1e-5)
+    (forward,), (backward,) = debug[0].post_autograd_fx_forward_code, debug[0].post_autograd_fx_backward_code
+    assert "tpusim.attention.default" in forward and "softmax" not in forward + backward
+    assert backward.count("tpusim.attention_backward.default") == 1

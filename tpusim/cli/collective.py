@@ -64,9 +64,9 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from tpusim.cli.topology import wrap_override
     from tpusim.errors import plain_text, shown
+    from tpusim.hardware.calibration import calibration_label
     from tpusim.network.collectives import ALGORITHMS, KINDS, simulate_collective
     from tpusim.slice.faults import apply_faults, fault_args
-    from tpusim.hardware.calibration import calibration_label
     from tpusim.slice.topology import build_slice, parse_slices, parse_topology
     from tpusim.units import parse_bytes
 

@@ -10,18 +10,22 @@ import time
 from tpusim.errors import TpusimError
 
 EXAMPLES = """\
-Each case reproduces one published TPU measurement (the scaling book's collective and matmul
-profiles, MaxText's training throughput on v5p, v5e and v4, MLPerf v4.0 GPT-3 175B step times on
-v5p): its source, chip, slice, parallelism and
-batch are in `--list` and `--json`. The error is (predicted - published) / published. "held out"
-cases were not used to fit any calibrated parameter of their chip (topologies/calibration/);
+Each case reproduces one published TPU measurement: its source, chip, slice, parallelism and batch
+are in `--list` and `--json`. Training steps go through the product path (path "product"): the run
+written as a PyTorch script (validation/decoder.py) is recorded by `tpusim run` and priced as `tpusim
+run` prices it. MaxText's and MLPerf's runs are also priced from hand-built step traces (path
+"closed-form"), kept as a cross-check; the scaling book's collectives and matmul are priced alone.
+The error is (predicted - published) / published. "held out" cases were not used to fit any
+calibrated parameter of their chip (topologies/calibration/), nor was their twin on the other path;
 "analytic" rows are the source's own pen-and-paper estimates, reported apart.
 
 examples:
-  python -m tpusim validate                      # every case (a few minutes), table and summary
-  python -m tpusim validate --fast               # the quick cases only (seconds)
+  python -m tpusim validate                      # every case (about half an hour), table and summary
+  python -m tpusim validate --fast               # the quick cases only (under a minute)
   python -m tpusim validate --case sb-c2-allgather-v5e-4x8-profile --json out.json
-  python -m tpusim validate --explain maxtext-v5p-32b-v5p-128
+  python -m tpusim validate --explain product-maxtext-v5p-32b-v5p-128
+  python -m tpusim validate --leave-one-family-out   # each model family priced with a calibration fitted
+                                                     # without it (product-path cases)
   python -m tpusim validate --no-calibration     # the datasheet chips, before calibration
   python -m tpusim validate --fit mxu_efficiency --on maxtext-v5e-16b-1xv5e-256,maxtext-v5e-32b-1xv5e-256
 """
@@ -44,6 +48,9 @@ def add_parser(subparsers) -> None:
                         help="where CASE's predicted time goes and how much each calibrated parameter moves it")
     parser.add_argument("--fit", metavar="PARAM", help="fit one share parameter (e.g. mxu_efficiency) on --on")
     parser.add_argument("--on", metavar="CASES", help="comma-separated cases for --fit (one chip generation)")
+    parser.add_argument("--leave-one-family-out", action="store_true",
+                        help="price each model family's product-path cases with mxu_efficiency refitted without "
+                             "them (siblings of a fit case never check themselves)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.set_defaults(run=run)
 
@@ -61,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
         raise TpusimError("--on goes with --fit")
     if args.explain:
         return _explain(args, find_case(CASES, args.explain), calibration)
+    if args.leave_one_family_out:
+        return _leave_one_family_out(args, CASES)
     cases = [find_case(CASES, name) for name in args.case] if args.case else list(CASES)
     if args.fast:
         cases = [c for c in cases if not c.slow]
@@ -90,10 +99,11 @@ def _fmt_s(seconds: float) -> str:
 
 
 def format_table(results, summary, calibration: bool) -> str:
-    rows = [("case", "kind", "chip", "published", "predicted", "error", "held out")]
+    rows = [("case", "path", "chip", "published", "predicted", "error", "held out")]
     for r in results:
         held = "yes" if r.held_out else "fitted"
-        rows.append((r.case.name, r.case.kind, r.case.chip, _fmt_s(r.case.published_s), _fmt_s(r.predicted_s),
+        path = r.case.path if r.case.kind == "measured" else "analytic"
+        rows.append((r.case.name, path, r.case.chip, _fmt_s(r.case.published_s), _fmt_s(r.predicted_s),
                      f"{r.error:+.1%}", held if r.case.kind == "measured" else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     right = {3, 4, 5}
@@ -103,14 +113,15 @@ def format_table(results, summary, calibration: bool) -> str:
         lines.append("  ".join(cell.rjust(w) if i in right else cell.ljust(w)
                                for i, (cell, w) in enumerate(zip(row, widths))).rstrip())
     lines.append("")
-    labels = {"held_out": "measured, held out", "fitted": "measured, fit cases", "measured": "all measured",
+    labels = {"product_held_out": "product path, held out", "product_fitted": "product path, fit cases",
+              "closed_form": "closed-form cross-check", "held_out": "all measured, held out",
               "analytic": "analytic formula checks"}
     for key, label in labels.items():
         s = summary[key]
         if not s.count:
-            lines.append(f"{label:24s} (0 cases)")
+            lines.append(f"{label:26s} (0 cases)")
             continue
-        lines.append(f"{label:24s} ({s.count:2d} cases): mean |error| {s.mean_abs:6.1%}, max {s.max_abs:6.1%} "
+        lines.append(f"{label:26s} ({s.count:2d} cases): mean |error| {s.mean_abs:6.1%}, max {s.max_abs:6.1%} "
                      f"({s.worst})")
     return "\n".join(lines)
 
@@ -176,6 +187,29 @@ def _fit(args, cases) -> int:
     for name, error in zip(result.cases, result.errors):
         print(f"  {name}: error {error:+.1%}")
     print(f"write it to topologies/calibration/{result.chip}.toml with fitted_on = {list(result.cases)}")
+    return 0
+
+
+def _leave_one_family_out(args, cases) -> int:
+    import statistics
+
+    from tpusim.validate.fit import leave_one_family_out
+
+    selected = [c for c in cases if c.name in set(args.case)] if args.case else list(cases)
+    rows = leave_one_family_out([c for c in selected if not (args.fast and c.slow)])
+    errors = [e for row in rows for e in row.errors.values()]
+    for row in rows:
+        chips = "; ".join(f"{chip} mxu_efficiency {value:.4f} from {row.how[chip]}"
+                          for chip, value in row.values.items())
+        print(f"{row.family}: {chips}")
+        for name, error in row.errors.items():
+            print(f"  {name:48s} {error:+.1%}")
+    if errors:
+        print(f"leave-one-family-out ({len(errors)} cases): mean |error| {statistics.fmean(map(abs, errors)):.1%}, "
+              f"max {max(map(abs, errors)):.1%}")
+    if args.json:
+        _write_json(args.json, {"leave_one_family_out": [
+            {"family": r.family, "errors": r.errors, "values": r.values, "fitted_on": r.how} for r in rows]})
     return 0
 
 

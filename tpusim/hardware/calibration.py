@@ -45,7 +45,8 @@ from tpusim.hardware.compute import CalibrationTerms
 from tpusim.hardware.spec import ChipSpec, topologies_dir
 
 __all__ = ["PARAMETERS", "CalibratedChip", "Calibration", "Parameter", "ParameterKind", "add_calibration_argument",
-           "available_calibrations", "calibrated", "calibration_dir", "calibration_label", "calibration_text", "datasheet_chip", "load_calibration"]
+           "available_calibrations", "calibrated", "calibration_dir", "calibration_label", "calibration_text",
+           "datasheet_chip", "load_calibration"]
 
 
 @dataclass(frozen=True)

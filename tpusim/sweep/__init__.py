@@ -55,7 +55,8 @@ def load_recording(folder: str | Path) -> Recording:
 
 def sweep(recording: str | Path | Recording, *, chips: Sequence[str] = (), topologies: Sequence[str] = (),
           modes: Sequence[str] = ("strict",), slices: Sequence[int] = (1,),
-          placements: Sequence[str] = (DEFAULT_PLACEMENT,), calibrations: Sequence[bool] = (True,), scheduler: str | None = None,
+          placements: Sequence[str] = (DEFAULT_PLACEMENT,), calibrations: Sequence[bool] = (True,),
+          scheduler: str | None = None,
           workers: int | None = None, retries: int = 2, out: str | Path | None = None, client: Any = None,
           on_row: Callable[[dict[str, Any]], None] | None = None) -> Any:
     """Price ``recording`` over the grid on Dask; returns the table as a pandas DataFrame (one row per point,

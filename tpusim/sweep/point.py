@@ -15,8 +15,8 @@ from tpusim.errors import TpusimError
 from tpusim.sweep.grid import DEFAULT_PLACEMENT, Point
 from tpusim.trace.records import Trace
 
-COLUMNS = ("chip", "calibrated", "topology", "slices", "mode", "placement", "chips", "status", "step_time_s", "total_s",
-           "mfu", "tflops_per_s_per_chip", "tokens_per_s_per_chip", "hbm_peak_bytes", "hbm_peak_fraction",
+COLUMNS = ("chip", "calibrated", "topology", "slices", "mode", "placement", "chips", "status", "step_time_s",
+           "total_s", "mfu", "tflops_per_s_per_chip", "tokens_per_s_per_chip", "hbm_peak_bytes", "hbm_peak_fraction",
            "collective_exposed_s", "host_stall_s", "kernels", "bound", "price_wall_s", "worker", "error")
 
 
@@ -35,7 +35,8 @@ def price_point(trace: Trace, point: Point, tokens_per_step: int | None = None) 
     from tpusim.report.model import mode_report
 
     began = time.perf_counter()
-    row: dict[str, Any] = {"chip": point.chip, "calibrated": point.calibrated, "topology": point.topology, "slices": point.slices,
+    row: dict[str, Any] = {"chip": point.chip, "calibrated": point.calibrated, "topology": point.topology,
+                           "slices": point.slices,
                            "mode": point.mode, "placement": point.placement}
     try:
         slice_ = point_slice(point)

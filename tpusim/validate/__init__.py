@@ -20,11 +20,11 @@ all-gather measured on v5e.
 
 from __future__ import annotations
 
-from tpusim.validate import maxtext, scaling_book
+from tpusim.validate import maxtext, product, scaling_book
 from tpusim.validate.case import Case, Prediction
 from tpusim.validate.suite import Result, Summary, explain, find_case, run_case, run_cases, summarise
 
-CASES: tuple[Case, ...] = (*scaling_book.CASES, *maxtext.CASES)
+CASES: tuple[Case, ...] = (*scaling_book.CASES, *product.CASES, *maxtext.CASES)
 
 __all__ = ["CASES", "Case", "Prediction", "Result", "Summary", "explain", "find_case", "run_case", "run_cases",
            "summarise"]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from tpusim.hardware.spec import ChipSpec
 
 KINDS = ("measured", "analytic")
+PATHS = ("product", "closed-form")   # closed-form: a step trace built by hand (maxtext.py), kept as a cross-check
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,17 @@ class Case:
     conversion: str = ""           # how a throughput figure became seconds (empty: it is a time)
     model: str = ""                # modelling choices of the prediction, for --explain and the README
     slow: bool = False             # takes more than a few seconds: not in the default test run
+    path: str = "closed-form"      # PATHS: "product" runs a PyTorch script through `tpusim run`'s recording
+    mode: str = ""                 # what the script ran as: "compile" (torch.compile'd blocks), "fused", ...
+    script: str = ""               # the PyTorch file a product-path case runs
+    family: str = ""               # model family (leave-one-family-out); "" = the case's own name
+    twin: str = ""                 # the case that prices the same published figure by the other path: a
+                                   # parameter fitted on either one is fitted on both (neither is held out)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"case {self.name}: kind {self.kind!r} is not one of {KINDS}")
+        if self.path not in PATHS:
+            raise ValueError(f"case {self.name}: path {self.path!r} is not one of {PATHS}")
         if not self.published_s > 0:
             raise ValueError(f"case {self.name}: published_s must be > 0")

@@ -36,7 +36,8 @@ def mean_log_error(cases: list[Case], calibration: Calibration) -> tuple[float, 
     return sum(math.log1p(e) for e in errors) / len(errors), tuple(errors)
 
 
-def fit(parameter: str, cases: list[Case], lo: float = 0.05, hi: float = 1.0) -> Fit:
+def fit(parameter: str, cases: list[Case], lo: float = 0.05, hi: float = 1.0,
+        base: Calibration | None = None) -> Fit:
     """The value of ``parameter`` (a share, in [lo, hi]) that zeroes the mean log error of ``cases``."""
     if parameter not in PARAMETERS or not PARAMETERS[parameter].share:
         shares = [name for name, kind in PARAMETERS.items() if kind.share]
@@ -45,7 +46,7 @@ def fit(parameter: str, cases: list[Case], lo: float = 0.05, hi: float = 1.0) ->
     if len(chips) != 1:
         raise TpusimError(f"fit cases of one chip generation, not {', '.join(sorted(chips))}")
     chip = chips.pop()
-    base = load_calibration(chip) or Calibration(chip=chip)
+    base = base or load_calibration(chip) or Calibration(chip=chip)
     if parameter not in base.parameters:
         base = Calibration(chip, {**base.parameters, parameter: Parameter(parameter, 1.0, estimate="fitting")},
                            base.path)
@@ -67,3 +68,49 @@ def fit(parameter: str, cases: list[Case], lo: float = 0.05, hi: float = 1.0) ->
     value = round((lo + hi) / 2, 4)
     _, errors = mean_log_error(cases, base.with_value(parameter, value))
     return Fit(parameter, chip, value, tuple(c.name for c in cases), errors)
+
+
+@dataclass(frozen=True)
+class FamilyOut:
+    """One model family's product-path cases priced with every chip's ``parameter`` fitted without them."""
+
+    family: str
+    errors: dict[str, float]         # case name -> relative error
+    values: dict[str, float]         # chip -> the value it was priced with
+    how: dict[str, str]              # chip -> which cases that value was fitted on (or "other chips")
+
+
+def leave_one_family_out(cases: list[Case], parameter: str = "mxu_efficiency") -> list[FamilyOut]:
+    """Each model family left out in turn: its chips' ``parameter`` refitted on that chip's fit cases of other
+    families (its other product cases when every fit case was of the family; the geometric mean of the other
+    chips' calibrated values when the chip has no other case: the chip left out too), then the family's
+    cases priced. A sibling of a fit case (another slice of the same model) is then never its own check."""
+    product = [c for c in cases if c.kind == "measured" and c.path == "product"]
+    families = sorted({c.family or c.name for c in product})
+    calibrations = {c.chip: load_calibration(c.chip) or Calibration(chip=c.chip) for c in product}
+    out = []
+    for family in families:
+        inside = [c for c in product if (c.family or c.name) == family]
+        values, how, errors = {}, {}, {}
+        for chip in sorted({c.chip for c in inside}):
+            calib = calibrations[chip]
+            fitted = {name for p in calib.parameters.values() for name in p.fitted_on}
+            others = [c for c in product if c.chip == chip and (c.family or c.name) != family]
+            train = [c for c in others if {c.name, c.twin} & fitted] or others
+            if train:
+                value = fit(parameter, train, base=calib).value
+                how[chip] = ", ".join(c.name for c in train)
+            else:
+                shares = [cal.parameters[parameter].value for name, cal in calibrations.items()
+                          if name != chip and parameter in cal.parameters]
+                value = math.exp(sum(map(math.log, shares)) / len(shares)) if shares else 1.0
+                how[chip] = "other chips (geometric mean)"
+            values[chip] = value
+            if parameter not in calib.parameters:
+                calib = Calibration(chip, {**calib.parameters, parameter: Parameter(parameter, 1.0, estimate="lofo")},
+                                    calib.path)
+            priced = calib.with_value(parameter, value)
+            for case in (c for c in inside if c.chip == chip):
+                errors[case.name] = case.predict(chip_for(case, priced)).seconds / case.published_s - 1.0
+        out.append(FamilyOut(family, errors, values, how))
+    return out

@@ -571,7 +571,8 @@ def case(run: Run, *, slow: bool) -> Case:
         conversion=run.conversion_text or f"step = MaxText's TFLOPs per device per step "
                    f"({run.model.maxtext_tflops(run.per_device_batch):.1f}) / {run.tflops_per_chip:g} TFLOP/s",
         source=run.source, where=f"{run.where}; config {run.config}", predict=predictor(run),
-        model="closed-form decoder step (tpusim/validate/maxtext.py docstring), fused mode", slow=slow)
+        model="closed-form decoder step (tpusim/validate/maxtext.py docstring), fused mode", slow=slow,
+        twin=f"product-{run.name}" if run.slices == 1 and run.data == 1 and not run.step_s and run.model.flash else "")
 
 
 # --------------------------------------------------------------------------- the published rows

@@ -10,6 +10,7 @@ much each calibrated parameter moves it (+10% each).
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,7 @@ class Result:
     prediction: Prediction
     calibrated: bool              # a calibration was applied to the case's chip
     held_out: bool                # no calibrated parameter was fitted on this case
+    fitted_on: tuple[str, ...] = ()   # the calibrated parameters fitted on this case
 
     @property
     def error(self) -> float:
@@ -55,11 +57,13 @@ class Result:
 
     def to_dict(self) -> dict:
         c = self.case
-        return {"case": c.name, "title": c.title, "kind": c.kind, "chip": c.chip, "slice": c.slice,
-                "setup": c.setup, "published": c.published, "published_s": c.published_s,
-                "conversion": c.conversion, "source": c.source, "where": c.where,
+        return {"name": c.name, "chips": case_chips(c), "mode": c.mode or "fused", "script": c.script or None,
+                "path": c.path, "family": c.family or c.name, "published_s": c.published_s,
                 "predicted_s": self.predicted_s, "error": self.error, "held_out": self.held_out,
-                "calibrated": self.calibrated, "slow": c.slow,
+                "fitted_on": list(self.fitted_on),
+                "case": c.name, "title": c.title, "kind": c.kind, "chip": c.chip, "slice": c.slice,
+                "setup": c.setup, "published": c.published, "conversion": c.conversion, "source": c.source,
+                "where": c.where, "twin": c.twin or None, "calibrated": self.calibrated, "slow": c.slow,
                 "breakdown_s": dict(self.prediction.parts), "notes": list(self.prediction.notes)}
 
 
@@ -83,8 +87,10 @@ def run_case(case: Case, calibration: bool = True) -> Result:
     calib = load_calibration(case.chip) if calibration else None
     chip = chip_for(case, calib)
     prediction = case.predict(chip)
-    held_out = calib is None or case.name not in calib.fitted_cases
-    return Result(case, prediction.seconds, prediction, calibrated=calib is not None, held_out=held_out)
+    names = {case.name, case.twin} - {""}
+    fitted = tuple(name for name, p in (calib.parameters.items() if calib else ()) if names & set(p.fitted_on))
+    return Result(case, prediction.seconds, prediction, calibrated=calib is not None, held_out=not fitted,
+                  fitted_on=fitted)
 
 
 def run_cases(cases, calibration: bool = True, progress=None) -> list[Result]:
@@ -96,12 +102,27 @@ def run_cases(cases, calibration: bool = True, progress=None) -> list[Result]:
     return results
 
 
+def case_chips(case: Case) -> int | None:
+    """How many chips a product-path case's slice has (None for the closed-form cases' descriptive slices)."""
+    from tpusim.slice.topology import parse_topology
+
+    if case.path != "product":
+        return None
+    return math.prod(parse_topology(case.slice))
+
+
 def summarise(results: list[Result]) -> dict[str, Summary]:
-    """Error statistics: measured cases, the held-out measured cases, and the analytic formula checks."""
+    """Error statistics: the product-path cases (held out, and the fit cases), the closed-form cross-check
+    cases, every measured case, and the analytic formula checks, each apart."""
+    measured = [r for r in results if r.case.kind == "measured"]
+    product = [r for r in measured if r.case.path == "product"]
     groups = {
-        "measured": [r for r in results if r.case.kind == "measured"],
-        "held_out": [r for r in results if r.case.kind == "measured" and r.held_out],
-        "fitted": [r for r in results if r.case.kind == "measured" and not r.held_out],
+        "product_held_out": [r for r in product if r.held_out],
+        "product_fitted": [r for r in product if not r.held_out],
+        "closed_form": [r for r in measured if r.case.path == "closed-form"],
+        "measured": measured,
+        "held_out": [r for r in measured if r.held_out],
+        "fitted": [r for r in measured if not r.held_out],
         "analytic": [r for r in results if r.case.kind == "analytic"],
     }
     out = {}

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpusim.hardware.spec import ChipSpec
+from tpusim.output import cache_dir as _cache_root
 from tpusim.output import write_atomic
 
 EXTRA_HINT = 'pip install -e ".[xla]"'
@@ -119,8 +120,7 @@ def target_for(chip: ChipSpec, partitions: int = 1) -> XlaTarget:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tpusim" / "xla"
+    return _cache_root("xla")
 
 
 def _cache_file(text: str, target: XlaTarget) -> Path:

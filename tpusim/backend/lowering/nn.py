@@ -569,12 +569,26 @@ def _masked_scores(q: jax.Array, k: jax.Array, mask: jax.Array | None, causal: b
     return s
 
 
+def _grouped(q: jax.Array, kv: jax.Array) -> jax.Array:
+    """K or V with each head repeated for its group of query heads (grouped-query attention)."""
+    groups = q.shape[-3] // kv.shape[-3] if q.ndim >= 3 and kv.ndim >= 3 else 1
+    return jnp.repeat(kv, groups, axis=-3) if groups > 1 else kv
+
+
+def _summed(grad: jax.Array, kv: jax.Array) -> jax.Array:
+    """A grouped gradient back to K's or V's heads: the sum over each group."""
+    if grad.shape == kv.shape:
+        return grad
+    *lead, heads, t, d = grad.shape
+    return grad.reshape(*lead, kv.shape[-3], heads // kv.shape[-3], t, d).sum(-3)
+
+
 @register(torch.ops.tpusim.attention.default)
 def _fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, dropout_p: float,
                      causal: bool, scale: float | None) -> tuple[jax.Array, jax.Array]:
     """tpusim/backend/flash_attention.py's fused attention: (output, log-sum-exp), scores in float32."""
-    s = _masked_scores(q, k, mask, causal, scale)
-    out = jnp.matmul(jax.nn.softmax(s, axis=-1), v.astype(jnp.float32), precision=precision())
+    s = _masked_scores(q, _grouped(q, k), mask, causal, scale)
+    out = jnp.matmul(jax.nn.softmax(s, axis=-1), _grouped(q, v).astype(jnp.float32), precision=precision())
     return out.astype(v.dtype), jax.nn.logsumexp(s, axis=-1)
 
 
@@ -583,15 +597,16 @@ def _fused_attention_backward(grad: jax.Array, q: jax.Array, k: jax.Array, v: ja
                               out: jax.Array, lse: jax.Array, causal: bool, scale: float | None
                               ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Its backward from the log-sum-exp, the formulas of tpusim::attention_backward's eager kernel."""
-    p = jnp.exp(_masked_scores(q, k, mask, causal, scale) - lse[..., None])
+    kg, vg = _grouped(q, k), _grouped(q, v)
+    p = jnp.exp(_masked_scores(q, kg, mask, causal, scale) - lse[..., None])
     g = grad.astype(jnp.float32)
     dv = jnp.matmul(jnp.swapaxes(p, -1, -2), g, precision=precision())
-    dp = jnp.matmul(g, jnp.swapaxes(v.astype(jnp.float32), -1, -2), precision=precision())
+    dp = jnp.matmul(g, jnp.swapaxes(vg.astype(jnp.float32), -1, -2), precision=precision())
     ds = p * (dp - jnp.sum(g * out.astype(jnp.float32), axis=-1, keepdims=True))
     ds = ds * (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
-    dq = jnp.matmul(ds, k.astype(jnp.float32), precision=precision())
+    dq = jnp.matmul(ds, kg.astype(jnp.float32), precision=precision())
     dk = jnp.matmul(jnp.swapaxes(ds, -1, -2), q.astype(jnp.float32), precision=precision())
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+    return dq.astype(q.dtype), _summed(dk, k).astype(k.dtype), _summed(dv, v).astype(v.dtype)
 
 
 @register(aten._transformer_encoder_layer_fwd.default)

@@ -1,0 +1,262 @@
+"""Cases through the product path: each published run as a PyTorch script, recorded by `tpusim run`, then priced.
+
+Why: the number users act on is what `tpusim run my_model.py` prints, so that is what is checked against
+real TPUs. Each case here runs ``validation/decoder.py`` (a torchtitan-style decoder: FSDP2, tensor and
+sequence parallel through DTensor, activation checkpointing as the published remat policy, per-block
+``torch.compile``, int8 projections where the run quantised) with the published model, batch and slice, as
+``python -m tpusim run validation/decoder.py --numerics off --ranks one`` in a process of its own, and
+prices the recorded program (``program.jsonl``) on the chip it is handed (calibrated, or perturbed by
+``--explain`` and ``--fit``) with ``tpusim.pricing.price``, the function `tpusim run` prices with. The step
+is the last of two (the first pays compilation).
+
+Published XLA/MaxText step times are whole compiled programs, so the cases compare them with the script
+under ``torch.compile`` (``mode`` "compile"): the blocks are compiled, the embedding, loss and optimizer run
+in Fused eager around them.
+
+The sources are MaxText's published tables (the Decoder and Run rows of ``tpusim/validate/maxtext.py``,
+single slice, no data-parallel axis: `tpusim run` prices one slice) and the AI-Hypercomputer/tpu-recipes
+Trillium (v6e) training recipes' step-time log lines (``RECIPES``). Not run here, with why:
+multi-slice rows (`tpusim run` has no DCN slices yet), MLPerf blocks (they include eval passes), the 2023
+v4 rows (MaxText had no flash kernel then; the script's attention is one), and mixture-of-experts recipes.
+
+HBM: the recording runs with the capacity check off (``TPUSIM_HBM_BYTES=0``). What a PyTorch translation
+keeps for the backward pass (a row-parallel matmul's partial sums, activations a recipe offloads to host
+memory) is not what XLA's program keeps, and a case must not stop on that artefact; the peak the
+translation needed is reported beside the prediction (``--explain``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpusim.errors import TpusimError
+from tpusim.hardware.spec import ChipSpec
+from tpusim.output import cache_dir
+from tpusim.validate.case import Case, Prediction
+from tpusim.validate.maxtext import RUNS, Run
+
+SCRIPT = Path(__file__).resolve().parents[2] / "validation" / "decoder.py"
+RECORD_TIMEOUT_S = 1800
+RECIPES_REPO = "https://github.com/AI-Hypercomputer/tpu-recipes"
+
+# MaxText remat policies -> the script's --remat (validation/decoder.py's docstring)
+REMAT = {"minimal": "dots", "save_dot_except_logits": "dots", "save_dot_except_mlpwi": "dots", "full": "full",
+         "offload": "qkv"}
+
+
+@dataclass(frozen=True)
+class ProductRun:
+    """One published run as the script's command line, with its published step time and source."""
+
+    name: str
+    family: str                     # model family: leave-one-family-out drops all of a family's cases at once
+    chip: str
+    topology: str
+    accelerator: str
+    args: tuple[str, ...]           # validation/decoder.py's arguments
+    published_s: float
+    published: str
+    source: str
+    where: str
+    setup: str
+    conversion: str = ""
+    slow: bool = True
+    twin: str = ""                  # the closed-form case of the same published figure (tpusim/validate/maxtext.py)
+
+
+def _decoder_args(layers: int, emb: int, heads: int, head_dim: int, mlp_dim: int, vocab: int, seq: int, *,
+                  kv_heads: int = 0, mlp: str = "swiglu", norm: str = "rms", positions: str = "rope",
+                  attention: str = "causal", batch: int, tp: int = 1, remat: str,
+                  int8: bool = False) -> tuple[str, ...]:
+    args = ["--layers", layers, "--d-model", emb, "--heads", heads, "--kv-heads", kv_heads or heads,
+            "--head-dim", head_dim, "--mlp-dim", mlp_dim, "--vocab", vocab, "--seq", seq, "--mlp", mlp,
+            "--norm", norm, "--positions", positions, "--attention", attention, "--batch", batch, "--tp", tp,
+            "--remat", remat]
+    return tuple(map(str, args)) + (("--int8",) if int8 else ())
+
+
+def from_maxtext(run: Run) -> ProductRun:
+    """A MaxText table row (tpusim/validate/maxtext.py) as the script's arguments, with its published time."""
+    m = run.model
+    args = _decoder_args(m.layers, m.emb, m.heads, m.head_dim, m.mlp, m.vocab, m.seq,
+                         mlp="swiglu" if m.mlp_matrices_in == 2 else "relu",
+                         attention="masked" if m.attention_kept == 1.0 else "causal", batch=run.per_device_batch,
+                         tp=run.tensor, remat=REMAT[run.remat], int8=m.quantized)
+    return ProductRun(
+        name=f"product-{run.name}", family=f"maxtext-{run.chip}", chip=run.chip, topology=run.topology,
+        accelerator=run.accelerator, args=args, published_s=run.published_step_s(),
+        published=f"{run.tflops_per_chip:g} TFLOP/s/chip ({run.mfu} MFU)", source=run.source,
+        where=f"{run.where}; config {run.config}",
+        setup=f"{run.model_label} ({m.params / 1e9:.1f}B), fsdp x tensor {run.tensor}; per-device batch "
+              f"{run.per_device_batch} x seq {m.seq}; remat {run.remat}",
+        conversion=f"step = MaxText's TFLOPs per device per step ({m.maxtext_tflops(run.per_device_batch):.1f}) / "
+                   f"{run.tflops_per_chip:g} TFLOP/s", twin=run.name)
+
+
+def _recipe(name: str, family: str, topology: str, accelerator: str, args: tuple[str, ...], step_s: float,
+            line: str, path: str, commit: str, setup: str) -> ProductRun:
+    return ProductRun(name=f"product-recipes-{name}", family=family, chip="v6e", topology=topology,
+                      accelerator=accelerator, args=args, published_s=step_s, published=f"{step_s:g} s per step",
+                      source=RECIPES_REPO, where=f"{path} @ {commit[:10]}: \"{line}\"", setup=setup,
+                      slow=name != "mistral-7b-v6e-8")
+
+
+# Trillium (v6e) recipes of AI-Hypercomputer/tpu-recipes: MaxText model configs (MaxText/configs/models/*.yml)
+# and each recipe's published log line; pure FSDP over the slice (ici_fsdp_parallelism=-1). Their remat
+# policies offload the layer input and the q/k/v projections to host memory and recompute the rest: the
+# script keeps q/k/v ("qkv") and recomputes the rest, the same TensorCore work.
+_LLAMA31_70B = dict(layers=80, emb=8192, heads=64, head_dim=128, mlp_dim=28672, vocab=128256, kv_heads=8)
+_T70 = "training/trillium/Llama3.1-70B-MaxText"
+RECIPES: tuple[ProductRun, ...] = (
+    _recipe("llama3.1-70b-v6e-256", "llama3.1-70b", "2d:16x16", "v6e-256",
+            _decoder_args(**_LLAMA31_70B, seq=8192, batch=5, remat="qkv"), 42.656,
+            "completed step: 14, seconds: 42.656, TFLOP/s/device: 462.297", f"{_T70}/v6e-256/README.md",
+            "3596002ad03c04ae20d5f04c711e8a1d2557b7f8", "Llama 3.1 70B, fsdp 256; per-device batch 5 x seq 8192; "
+            "remat offload (decoder_layer_input, q/k/v_proj)"),
+    _recipe("llama3.1-70b-v6e-128", "llama3.1-70b", "2d:8x16", "v6e-128",
+            _decoder_args(**_LLAMA31_70B, seq=8192, batch=4, remat="qkv"), 34.786,
+            "completed step: 14, seconds: 34.786, TFLOP/s/device: 453.500", f"{_T70}/v6e-128/README.md",
+            "3596002ad03c04ae20d5f04c711e8a1d2557b7f8", "Llama 3.1 70B, fsdp 128; per-device batch 4 x seq 8192; "
+            "remat offload (decoder_layer_input, q/k/v_proj)"),
+    _recipe("llama3.1-70b-v6e-64", "llama3.1-70b", "2d:8x8", "v6e-64",
+            _decoder_args(**_LLAMA31_70B, seq=8192, batch=2, remat="qkv"), 18.688,
+            "completed step: 14, seconds: 18.688, TFLOP/s/device: 422.091", f"{_T70}/v6e-64/README.md",
+            "3596002ad03c04ae20d5f04c711e8a1d2557b7f8", "Llama 3.1 70B, fsdp 64; per-device batch 2 x seq 8192; "
+            "remat offload (decoder_layer_input, q/k/v_proj)"),
+    _recipe("llama3.1-70b-v6e-32", "llama3.1-70b", "2d:4x8", "v6e-32",
+            _decoder_args(**_LLAMA31_70B, seq=8192, batch=2, remat="qkv"), 17.790,
+            "completed step: 34, seconds: 17.790, TFLOP/s/device: 443.385", f"{_T70}/v6e-32/README.md",
+            "3596002ad03c04ae20d5f04c711e8a1d2557b7f8", "Llama 3.1 70B, fsdp 32; per-device batch 2 x seq 8192; "
+            "remat offload (decoder_layer_input, q/k/v_proj); collective matmul off"),
+    _recipe("llama2-70b-v6e-256", "llama2-70b", "2d:16x16", "v6e-256",
+            _decoder_args(80, 8192, 64, 128, 28672, 32000, 4096, kv_heads=8, batch=2, remat="qkv"), 9.052,
+            "completed step: 16, seconds: 9.052, TFLOP/s/device: 402.274, Tokens/s/device: 905.021, "
+            "total_weights: 2097152", "training/trillium/Llama2-70B-MaxText/README.md",
+            "9e458c71883a862cb3ba0cd466a223b8a9cba426", "Llama 2 70B, fsdp 256; per-device batch 2 x seq 4096 "
+            "(the config says 3; the log's total_weights 2097152 = 256 x 2 x 4096 and 905 tokens/s x 9.052 s say 2); "
+            "remat qkv_proj_offloaded"),
+    _recipe("mistral-7b-v6e-8", "mistral-7b", "2d:2x4", "v6e-8",
+            _decoder_args(32, 4096, 32, 128, 14336, 32000, 8192, kv_heads=8, batch=6, remat="qkv"), 6.320,
+            "completed step: 6, seconds: 6.320, TFLOP/s/device: 431.981",
+            "training/trillium/Mistral-7B-MaxText/README.md",
+            "7f2f5e62e140401c1c2acf56dbc21cecf80512bd", "Mistral 7B, fsdp 8; per-device batch 6 x seq 8192; "
+            "remat offload (decoder_layer_input, out_proj, q/k/v_proj)"),
+    _recipe("gpt3-175b-int8-v6e-256", "gpt3-175b", "2d:16x16", "v6e-256",
+            _decoder_args(96, 12288, 96, 128, 49152, 50304, 2048, mlp="gelu", norm="layer", positions="learned",
+                          batch=3, remat="full", int8=True), 14.245,
+            "step: 100, seconds: 14.245, TFLOP/s/device: 464.261", "training/trillium/GPT3-175B-MaxText/fp8/README.md",
+            "48e590c6b499e27913245d9cd5c52b36827e3b94",
+            "GPT-3 175B, fsdp 256; per-device batch 3 x seq 2048; remat full; int8 AQT projections (the folder is "
+            "named fp8; its run_recipe.sh says the config sets quantization=int8)"),
+)
+
+MAXTEXT_RUNS = tuple(from_maxtext(run) for run in RUNS
+                     if run.slices == 1 and run.data == 1 and not run.step_s and run.model.flash)
+PRODUCT_RUNS: tuple[ProductRun, ...] = (*MAXTEXT_RUNS, *RECIPES)
+
+
+# --------------------------------------------------------------------------- recording and pricing
+
+def command(run: ProductRun, out: Path) -> list[str]:
+    """The `tpusim run` command line a case records with (what a user would type, plus --out)."""
+    return [sys.executable, "-m", "tpusim", "run", str(SCRIPT), "--topology", run.topology, "--chip", run.chip,
+            "--mode", "fused", "--numerics", "off", "--ranks", "one", "--compiler", "model", "--quiet",
+            "--out", str(out), "--", *run.args]
+
+
+@functools.cache
+def source_digest() -> str:
+    """What a recording depends on: tpusim's code (Python and the C++ shim; not this package, which `tpusim run`
+    never runs), the script and the chip files (not the calibrations: a case prices the recorded program on
+    the chip it is handed). A recording kept under another digest is never reused."""
+    root = SCRIPT.parents[1]
+    code = [path for path in (root / "tpusim").rglob("*.py") if "validate" not in path.relative_to(root).parts]
+    files = sorted([*code, *(root / "tpusim" / "backend" / "csrc").glob("*.*"), *(root / "topologies").glob("*.toml"),
+                    *(root / "topologies" / "chips").glob("*.toml"), SCRIPT])
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cached_folder(run: ProductRun) -> Path:
+    """The recording's folder in tpusim's cache: one per command line and source digest."""
+    key = hashlib.sha256("\0".join([source_digest(), run.chip, run.topology, *run.args]).encode()).hexdigest()
+    return cache_dir("validate") / f"{run.name}-{key[:16]}"
+
+
+@functools.cache
+def recording(run: ProductRun) -> tuple[object, dict]:
+    """The program trace and report.json `tpusim run` wrote for ``run``: recorded once per source digest
+    (kept in tpusim's cache, ~/.cache/tpusim/validate), then read back."""
+    from tpusim.trace.records import read_trace
+
+    if not SCRIPT.is_file():
+        raise TpusimError(f"{SCRIPT}: the validation script is missing (it ships in the repository, next to "
+                          f"tpusim/; run `tpusim validate` from a clone)")
+    folder = cached_folder(run)
+    if not (folder / "report.json").is_file():
+        _record(run, folder)
+    return read_trace(folder / "program.jsonl"), json.loads((folder / "report.json").read_text())
+
+
+def _record(run: ProductRun, folder: Path) -> None:
+    """Run the case's `tpusim run` into a scratch folder and move it into the cache whole (never half)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{run.name}-", dir=folder.parent))
+    out = scratch / "run"
+    env = {**os.environ, "TPUSIM_HBM_BYTES": "0"}      # the module docstring: HBM
+    try:
+        done = subprocess.run(command(run, out), env=env, capture_output=True, text=True, timeout=RECORD_TIMEOUT_S)
+        if done.returncode != 0 or not (out / "report.json").is_file():
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            raise TpusimError(f"case {run.name}: `tpusim run` failed (exit {done.returncode}): {' | '.join(tail)}")
+        with contextlib.suppress(OSError):           # another process may have kept the same recording first
+            out.rename(folder)
+    except subprocess.TimeoutExpired:
+        raise TpusimError(f"case {run.name}: `tpusim run` took over {RECORD_TIMEOUT_S} s") from None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def predictor(run: ProductRun):
+    def predict(chip: ChipSpec) -> Prediction:
+        from tpusim.pricing import price
+        from tpusim.slice.topology import build_slice
+
+        trace, report = recording(run)
+        timeline = price(trace, topology=build_slice(run.topology, chip=chip), mode="fused")
+        step = timeline.steps[-1]
+        mode = report["modes"]["fused"]
+        hbm = mode.get("hbm", {}).get("peak_bytes") or 0
+        notes = (f"validation/decoder.py {' '.join(run.args)}",
+                 f"{run.accelerator} = {run.topology}; the blocks torch.compile'd, the rest in Fused eager; "
+                 f"second of two steps",
+                 f"HBM the PyTorch translation kept: {hbm / 2**30:.1f} GiB of the chip's "
+                 f"{chip.hbm_bytes / 2**30:.0f} GiB")
+        return Prediction(step.seconds, {"step": step.seconds}, notes)
+
+    return predict
+
+
+def case(run: ProductRun) -> Case:
+    return Case(name=run.name, kind="measured", title=f"{run.setup.split(',')[0]} training step on {run.accelerator}",
+                chip=run.chip, slice=run.topology, setup=run.setup, published=run.published,
+                published_s=run.published_s, source=run.source, where=run.where, predict=predictor(run),
+                conversion=run.conversion, model="validation/decoder.py through `tpusim run` (product path)",
+                slow=run.slow, path="product", mode="compile", script="validation/decoder.py", family=run.family,
+                twin=run.twin)
+
+
+CASES: tuple[Case, ...] = tuple(case(run) for run in PRODUCT_RUNS)
+__all__ = ["CASES", "PRODUCT_RUNS", "RECIPES", "ProductRun", "command", "recording"]

@@ -107,3 +107,17 @@ def test_an_optimizer_of_cpu_parameters_does_not_end_a_step() -> None:
             model(torch.ones(2, 4, device=next(model.parameters()).device)).sum().backward()
             opt.step()
     assert [s.step for s in rec.trace.of_kind(StepMarker)] == [1, 2]
+
+
+def test_the_trace_counts_the_parameters_an_optimizer_steps_on_tpu() -> None:
+    # model FLOPs (6 x parameters x tokens) need the trained parameter count: 64*128+128 + 128*10+10 here;
+    # a CPU optimizer's parameters are not the program's
+    model = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 10)).to("tpu")
+    cpu = nn.Linear(4, 4)
+    opt, cpu_opt = torch.optim.AdamW(model.parameters()), torch.optim.SGD(cpu.parameters(), lr=0.1)
+    with tb.recording() as rec:
+        cpu(torch.ones(2, 4)).sum().backward()
+        cpu_opt.step()
+        model(torch.ones(8, 64, device="tpu")).sum().backward()
+        opt.step()
+    assert rec.trace.meta.trained_parameters == 64 * 128 + 128 + 128 * 10 + 10

@@ -39,7 +39,7 @@ def test_headline_verdict_and_every_summary_row_are_on_the_page(page):
     path, report = page
     text = path.read_text()
     head = report.modes["fused"].headline
-    for card in ("tokens/s per chip", "TFLOP/s per chip", "MFU (dtype peak)", "HBM peak", "exposed communication",
+    for card in ("tokens/s per chip", "TFLOP/s per chip", "HFU (every FLOP run)", "HBM peak", "exposed communication",
                  "bound by"):
         assert f">{card}<b>" in text
     assert html_escape(head.verdict) in text

@@ -1,6 +1,7 @@
 """Warm-up steps apart from the steady state, and the headline numbers (tokens/s, TFLOP/s, MFU at the dtypes'
 peak, exposed communication, the bound verdict), checked against closed forms and the priced timeline."""
 
+import dataclasses
 from statistics import median
 
 import pytest
@@ -105,6 +106,23 @@ def test_headline_numbers_follow_from_the_steady_step():
     assert head.verdict.startswith("host dispatch-bound") and "host-sync" in head.verdict
     table = summary_table(report, "out")
     assert "tokens/s per chip" in table and "verdict (strict): host dispatch-bound" in table
+
+
+def test_model_flops_utilisation_is_six_parameters_tokens_over_the_step_and_hfu_stays_what_ran():
+    trace = training_trace(4)
+    trace = dataclasses.replace(trace, meta=trace.meta.replace(trained_parameters=10_000))
+    slice_ = build_slice("3d:1x1x1", "v5p")
+    timelines = {"strict": price(trace, topology=slice_, mode="strict")}
+    report = build_report(RunInfo("model.py", tokens_per_step=4096), trace, slice_, timelines, [])
+    head = report.modes["strict"].headline
+    assert head.model_flops_per_step_per_chip == 6 * 10_000 * 4096
+    assert head.model_flops_utilisation == pytest.approx(
+        6 * 10_000 * 4096 / head.step_s / slice_.chip.peak_bf16_flops_per_s, rel=1e-6)
+    assert head.mfu == pytest.approx(head.flops_per_step_per_chip / head.step_s / slice_.chip.peak_bf16_flops_per_s)
+    assert "MFU (6 x params x tokens)" in summary_table(report, "out")
+    without = build_report(RunInfo("model.py"), trace, slice_, timelines, [])   # no tokens per step: no MFU
+    assert without.modes["strict"].headline.model_flops_utilisation is None
+    assert "MFU (6 x params x tokens)" not in summary_table(without, "out")
 
 
 def test_mfu_is_against_the_peak_of_the_dtypes_used():

@@ -167,8 +167,10 @@ def run(args: argparse.Namespace) -> int:
             raise TpusimError("give either a second report B or --topology/--chip/--mode to re-price A, not both")
         b, _ = load_report(args.b)
     elif args.topology or args.chip or args.mode or any(faults):
+        # like for like: B is priced calibrated when A was (a report older than the calibration field was not)
+        calibrated = a.chip.calibration not in (None, "datasheet")
         b = reprice(folder, a, args.topology, args.chip, args.mode, faults, args.compiler,
-                    calibration=not args.no_calibration)
+                    calibration=calibrated and not args.no_calibration)
     else:
         raise TpusimError("nothing to compare: give a second report B, or --topology/--chip/--mode to re-price A")
     if not a.modes or not b.modes:

@@ -6,8 +6,13 @@ computed from the Timeline in one place (report.json ``modes.<mode>.headline``) 
 - tokens/s per slice and per chip: only when the tokens per step are known (``tpusim run
   --tokens-per-step N``, the global batch x sequence length); else None, never a guess.
 - TFLOP/s per chip: the FLOPs of the ops that ran in the steady-state steps over their time.
-- MFU: those FLOPs over what the chip could do at the peak of the dtypes actually used (each op's
-  FLOPs at its own dtype's MXU peak: bf16, f32, int8, fp8; dtypes without an MXU rate at bf16's).
+- HFU (hardware FLOPs utilisation; the ``mfu`` key, as reports have always named it): those FLOPs, every
+  one the chip ran (recomputation included), over what the chip could do at the peak of the dtypes actually
+  used (each op's FLOPs at its own dtype's MXU peak: bf16, f32, int8, fp8; dtypes without an MXU rate at
+  bf16's).
+- MFU as the field defines it (``model_flops_utilisation``): 6 x the parameters an optimizer step updated x
+  the tokens per step, per chip, over the same peak; only when both are known (``--tokens-per-step``, and
+  an optimizer stepping tpu parameters); attention's FLOPs are not counted (the "6N" convention).
 - exposed communication share: device time waiting for collectives, over the step.
 - bound: the largest share of the step (BOUNDS below), with the lint codes that would move it; None when
   no kernel ran (an idle device is bound by nothing); without steps the verdict says it is the whole program's.
@@ -98,6 +103,8 @@ def headline(timeline: Timeline, trace: Trace, chip: ChipSpec, steps: Steps, ste
     elif not steps.count:
         span = "the recorded start of the program (the record budget stopped it)" if prefix else "the whole program"
         line = f"no steps marked, so over {span}: {line}"
+    parameters = trace.meta.trained_parameters
+    model_flops = 6.0 * parameters * tokens_per_step / world_size if parameters and tokens_per_step else None
     return {
         "step_s": step_s,
         "tokens_per_step": tokens_per_step,
@@ -107,6 +114,8 @@ def headline(timeline: Timeline, trace: Trace, chip: ChipSpec, steps: Steps, ste
         "tflops_per_s_per_chip": flops / seconds / 1e12 if seconds else 0.0,
         "mfu": flops / (seconds * peak) if seconds else 0.0,
         "mfu_peak_flops_per_s": peak,
+        "model_flops_per_step_per_chip": model_flops,
+        "model_flops_utilisation": model_flops / (seconds * peak) if model_flops and seconds else None,
         "flops_by_dtype": dtypes,
         "hbm_peak_bytes": timeline.peak_hbm_bytes,
         "hbm_peak_fraction": timeline.peak_hbm_bytes / chip.hbm_bytes,

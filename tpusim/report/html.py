@@ -54,7 +54,9 @@ def headline_cards(mode: ModeSection, name: str) -> list[tuple[str, str]]:
         cards += [("tokens/s per chip", f"{head.tokens_per_s_per_chip:,.0f}"),
                   ("tokens/s per slice", f"{head.tokens_per_s_per_slice:,.0f}")]
     cards += [("TFLOP/s per chip", f"{head.tflops_per_s_per_chip:.3g}"),
-              ("MFU (dtype peak)", percent_text(mode.mfu)),
+              ("HFU (every FLOP run)", percent_text(mode.mfu)),
+              *([("MFU (6 x params x tokens)", percent_text(head.model_flops_utilisation))]
+                if head.model_flops_utilisation is not None else []),
               ("HBM peak", f"{format_bytes(mode.hbm.peak_bytes)} of {format_bytes(mode.hbm.capacity_bytes)}"),
               ("exposed communication", percent_text(head.exposed_comm_share)),
               ("bound by", head.bound or "-")]

@@ -162,6 +162,8 @@ class Headline(Open):
     tflops_per_s_per_chip: Num = 0.0
     mfu: Num | None = None
     mfu_peak_flops_per_s: Num | None = None
+    model_flops_per_step_per_chip: Num | None = None
+    model_flops_utilisation: Num | None = None
     flops_by_dtype: dict[str, Num] = {}
     hbm_peak_bytes: Num | None = None
     hbm_peak_fraction: Num | None = None

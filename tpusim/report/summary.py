@@ -76,8 +76,10 @@ def headline_rows(modes: Modes, names: list[str]) -> list[tuple[str, list[str]]]
         rows += [("tokens/s per slice", [_per_second(head[m].tokens_per_s_per_slice) for m in names]),
                  ("tokens/s per chip", [_per_second(head[m].tokens_per_s_per_chip) for m in names])]
     rows += [("TFLOP/s per chip", [f"{head[m].tflops_per_s_per_chip:.3g}" for m in names]),
-             ("MFU (dtype peak)", [percent_text(modes[m].mfu) for m in names]),
-             ("exposed comm share", [percent_text(head[m].exposed_comm_share) for m in names]),
+             ("HFU (every FLOP run)", [percent_text(modes[m].mfu) for m in names])]
+    if any(h.model_flops_utilisation is not None for h in head.values()):
+        rows += [("MFU (6 x params x tokens)", [percent_text(head[m].model_flops_utilisation) for m in names])]
+    rows += [("exposed comm share", [percent_text(head[m].exposed_comm_share) for m in names]),
              ("bound by", [head[m].bound or "-" for m in names])]
     return rows
 

@@ -522,6 +522,8 @@ class TraceMeta:
     matmul_precision: MatmulPrecision | None = None   # f32 matmul precision (torch.tpu.precision); the highest used
     xla_modules: tuple[XlaModule, ...] | None = None  # torch.compile graphs' StableHLO, for the TPU compiler
     xla_ops: tuple[XlaModule, ...] | None = None      # each distinct eager op's (label: its op_signature)
+    trained_parameters: int | None = None   # parameters an optimizer step updated on tpu (a DTensor: its global
+                                            # size), for model FLOPs (6 x parameters x tokens)
 
     def __post_init__(self) -> None:
         if self.ranks is not None and self.ranks not in RANKS:

@@ -94,12 +94,12 @@ def test_sweep_rows_equal_each_point_priced_alone(recording: Path, client, tmp_p
     for row in table.itertuples():
         slice_ = None
         try:
-            slice_ = build_slice(row.topology, chip=row.chip, slices=row.slices)
+            slice_ = build_slice(row.topology, chip=row.chip, slices=row.slices, calibrated=True)
         except TpusimError as error:
             assert row.status == "invalid" and row.error == str(error)
             continue
         alone = price(trace, topology=slice_, mode=row.mode)
-        assert row.status == "ok" and row.chips == slice_.total_chips
+        assert row.status == "ok" and row.chips == slice_.total_chips and row.calibrated   # the default
         assert row.total_s == pytest.approx(alone.total_s, rel=1e-12)
     assert set(table[table.status == "invalid"].chip) == {"v6e"}          # v6e is a 2D torus
     assert (table.status == "ok").sum() == 6

@@ -89,7 +89,8 @@ def test_pareto_is_per_combination_of_script_arguments() -> None:
     rows.append({"chip": "v5p", "topology": "2d:8x8", "slices": 1, "mode": "strict", "placement": "default",
                  "batch": 64, "status": "failed", "error": "recording failed"})
     table = sweep_table(rows, script_columns=("batch",))
-    assert list(table.columns[:7]) == ["chip", "topology", "slices", "mode", "placement", "batch", "chips"]
+    assert list(table.columns[:8]) == ["chip", "calibrated", "topology", "slices", "mode", "placement", "batch",
+                                       "chips"]
     for batch, group in table.groupby("batch"):
         ok = group["status"] == "ok"
         expected = pareto_flags([int(c) if k else None for c, k in zip(group["chips"], ok)],

@@ -13,6 +13,7 @@ import pytest
 
 from tpusim.cli.compare import reprice
 from tpusim.eager.fusion import FusedKernel
+from tpusim.hardware.calibration import calibrated
 from tpusim.hardware.compute import kernel_cost
 from tpusim.hardware.spec import load_chip
 from tpusim.report.load import load_report
@@ -63,7 +64,7 @@ def test_the_report_gives_xlas_estimate_of_each_compiled_graph(tmp_path):
     expected = sum(p.estimated_cycles * n for p, n in zip(programs, runs)) / target.clock_hz
     assert mode["xla"]["estimated_s"] == pytest.approx(expected, rel=1e-8)
     # the step prices XLA's kernels: each one the chip's model of it, as many times as the programs ran
-    chip = load_chip("v5e")
+    chip = calibrated(load_chip("v5e"))          # tpusim run prices the calibrated chip by default
     priced = sum(kernel_cost(k, chip).seconds * n for p, n in zip(programs, runs) for k in program_kernels(p))
     assert mode["xla"]["priced_s"] == pytest.approx(priced, rel=1e-6)
     assert 0 < mode["xla"]["model_s"] < mode["total_s"] and mode["xla"]["priced_s"] < mode["total_s"]
@@ -105,7 +106,7 @@ def test_eager_ops_and_fused_clusters_run_as_xlas_kernels(tmp_path):
     modes = json.loads((out / "report.json").read_text())["modes"]
     trace = read_trace(out / "program.jsonl")
     lowered = [m for m in trace.meta.xla_ops if m.stablehlo]
-    target, chip = target_for(load_chip("v5e")), load_chip("v5e")
+    target, chip = target_for(load_chip("v5e")), calibrated(load_chip("v5e"))
     built = {m.label: program_records(parse_program(compile_stablehlo(m.stablehlo, target).hlo)) for m in lowered}
     eager_ops = [r for r in trace.records if isinstance(r, OpRecord) and record_signature(r) in built
                  and any(isinstance(k, FusedKernel) for k in built[record_signature(r)].records)]

@@ -391,6 +391,8 @@ struct Call {
   std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> aliases;  // alias -> its device tensor
   std::vector<std::pair<at::Tensor, at::Tensor>> written;              // (device tensor, alias) the op writes
   std::vector<at::Tensor> inputs;                                      // recorded inputs
+  std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> by_device;  // device tensor -> its host alias
+  std::vector<uint8_t> alias_written;                                  // per entry of aliases: the op writes it
 
   // The host alias to pass for `t` (argument `i`).
   at::Tensor host(const at::Tensor& t, size_t i) {
@@ -400,8 +402,25 @@ struct Call {
     if (!t.is_privateuseone()) {
       return meta && t.is_cpu() ? meta_scalar(t) : t;
     }
+    // The same device tensor twice (x.logical_and_(y) calls logical_and.out(x, y, out=x)): one host alias,
+    // so the CPU kernel sees its output is also an input and refuses to resize it, as it does on CPU.
+    for (const auto& [dev, seen] : by_device) {
+      if (dev == t.unsafeGetTensorImpl()) {
+        aliases.emplace_back(seen.unsafeGetTensorImpl(), t);   // one entry per tensor argument, as below
+        alias_written.push_back(plan.written[i]);
+        if (recording && !(plan.mutable_kw && i >= plan.kwarg_start)) {
+          inputs.push_back(t);
+        }
+        if (plan.written[i]) {
+          written.emplace_back(t, seen);
+        }
+        return seen;
+      }
+    }
     at::Tensor alias = host_alias(t);
     aliases.emplace_back(alias.unsafeGetTensorImpl(), t);
+    alias_written.push_back(plan.written[i]);
+    by_device.emplace_back(t.unsafeGetTensorImpl(), alias);
     if (plan.written[i]) {
       written.emplace_back(t, alias);
     }
@@ -656,12 +675,22 @@ std::shared_ptr<const Signature> note_results(const torch::jit::Stack& stack, si
     if (!t.defined()) {
       return true;
     }
+    // the argument it is; one passed twice (x.logical_and_(y) runs logical_and.out(x, y, out=x)) is the
+    // argument the op writes, which a later call of the same signature may pass apart from its inputs
+    size_t pick = arg_aliases.size();
     for (size_t k = 0; k < arg_aliases.size(); ++k) {
       if (arg_aliases[k] == t.unsafeGetTensorImpl()) {
-        out.kind = 1;
-        out.arg = k;
-        return true;
+        if (call.alias_written[k]) {
+          pick = k;
+          break;
+        }
+        pick = pick < arg_aliases.size() ? pick : k;
       }
+    }
+    if (pick < arg_aliases.size()) {
+      out.kind = 1;
+      out.arg = pick;
+      return true;
     }
     auto* si = t.storage().unsafeGetStorageImpl();
     if (t.is_privateuseone() || is_host_alias(si) || t.layout() != c10::Layout::Strided || t.is_conj() ||

@@ -15,6 +15,23 @@ def _fresh_dynamo() -> None:
     reset_stats()
 
 
+def _compiled_matches_cpu(compiled_fn, cpu_fn, inputs) -> tuple[str, str]:
+    """Run ``compiled_fn`` compiled for "tpu" and ``cpu_fn`` on CPU, forward and backward; values and gradients
+    must agree. Returns the compiled forward and backward graphs' code."""
+    debug = []
+    leaves = [t.clone().to("tpu").requires_grad_() for t in inputs]
+    out = torch.compile(compiled_fn, backend="tpu", options={"debug_callback": debug.append})(*leaves)
+    out.backward(torch.ones_like(out))
+    cpu = [t.clone().requires_grad_() for t in inputs]
+    want = cpu_fn(*cpu)
+    want.backward(torch.ones_like(want))
+    torch.testing.assert_close(out.detach().cpu(), want.detach(), rtol=1e-5, atol=1e-5)
+    for got, ref in zip(leaves, cpu, strict=True):
+        torch.testing.assert_close(got.grad.cpu(), ref.grad, rtol=1e-4, atol=1e-5)
+    (forward,), (backward,) = debug[0].post_autograd_fx_forward_code, debug[0].post_autograd_fx_backward_code
+    return forward, backward
+
+
 @pytest.mark.parametrize("causal, masked", [(True, False), (False, True)])
 def test_compiled_attention_is_one_fused_op_each_way_and_matches_cpu(causal, masked):
     q, k, v = (torch.randn(2, 3, 16, 8, dtype=torch.float32) for _ in range(3))
@@ -25,17 +42,7 @@ def test_compiled_attention_is_one_fused_op_each_way_and_matches_cpu(causal, mas
         m = None if mask is None else mask.to(a.device)
         return F.scaled_dot_product_attention(a, b, c, attn_mask=m, is_causal=causal)
 
-    debug = []
-    leaves = [t.clone().to("tpu").requires_grad_() for t in (q, k, v)]
-    out = torch.compile(attend, backend="tpu", options={"debug_callback": debug.append})(*leaves)
-    out.backward(torch.ones_like(out))
-    cpu = [t.clone().requires_grad_() for t in (q, k, v)]
-    want = attend(*cpu)
-    want.backward(torch.ones_like(want))
-    torch.testing.assert_close(out.detach().cpu(), want.detach(), rtol=1e-5, atol=1e-5)
-    for got, ref in zip(leaves, cpu, strict=True):
-        torch.testing.assert_close(got.grad.cpu(), ref.grad, rtol=1e-4, atol=1e-5)
-    (forward,), (backward,) = debug[0].post_autograd_fx_forward_code, debug[0].post_autograd_fx_backward_code
+    forward, backward = _compiled_matches_cpu(attend, attend, (q, k, v))
     assert forward.count("tpusim.attention.default") == 1 and "softmax" not in forward
     assert backward.count("tpusim.attention_backward.default") == 1
 
@@ -71,16 +78,6 @@ def test_grouped_query_attention_inside_a_checkpoint_is_one_fused_op_and_matches
     def block(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         return checkpoint(attend, a, b, c, use_reentrant=False)
 
-    debug = []
-    leaves = [t.clone().to("tpu").requires_grad_() for t in (q, k, v)]
-    out = torch.compile(block, backend="tpu", options={"debug_callback": debug.append})(*leaves)
-    out.backward(torch.ones_like(out))
-    cpu = [t.clone().requires_grad_() for t in (q, k, v)]
-    want = attend(*cpu)
-    want.backward(torch.ones_like(want))
-    torch.testing.assert_close(out.detach().cpu(), want.detach(), rtol=1e-5, atol=1e-5)
-    for got, ref in zip(leaves, cpu, strict=True):
-        torch.testing.assert_close(got.grad.cpu(), ref.grad, rtol=1e-4, atol=1e-5)
-    (forward,), (backward,) = debug[0].post_autograd_fx_forward_code, debug[0].post_autograd_fx_backward_code
+    forward, backward = _compiled_matches_cpu(block, attend, (q, k, v))
     assert "tpusim.attention.default" in forward and "softmax" not in forward + backward
     assert backward.count("tpusim.attention_backward.default") == 1

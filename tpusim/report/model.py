@@ -33,7 +33,9 @@ when it compares a version 3 report with an older one::
                                stopped; [] otherwise)}; every mode prices what was recorded only
     run                        script, argv, tpusim_version, torch_version, chip, topology,
                                world_size, modes, numerics, target, tokens_per_step (--tokens-per-step; null)
-    chip                       name, display_name and the peaks the report compares against
+    chip                       name, display_name and the peaks the report compares against; calibration
+                               (the calibration file the chip carried, topologies/calibration/<chip>.toml,
+                               or "datasheet": --no-calibration, or a generation without a file)
     slice                      Slice.to_dict(): chips, dims, wrap, links, diameter, bisection; shape_note
                                (null, or why the shape is no slice the chip is offered in: tpusim/slice/shapes.py)
     program                    what one rank's trace holds: ops, collectives, syncs, steps, model_flops;

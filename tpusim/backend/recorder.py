@@ -446,11 +446,12 @@ def _watch_budget(rec: Recording) -> None:
 def _optimizer_hook(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
     """An optimizer step ends a training step only when it updates tpu parameters: a CPU model trained
     beside the tpu one (a reference run, a teacher) is not the program's step."""
-    params = {id(p): p for group in optimizer.param_groups for p in group["params"]}
-    if any(p.device.type == "tpu" for p in params.values()):
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if any(p.device.type == "tpu" for p in params):
         rec = _ACTIVE
-        if rec is not None and rec.meta.trained_parameters is None:   # numel of a DTensor is its global size
-            set_meta("trained_parameters", sum(p.numel() for p in params.values() if p.device.type == "tpu"))
+        if rec is not None and rec.meta.trained_parameters is None:   # once: numel of a DTensor is its global size
+            unique = {id(p): p for p in params if p.device.type == "tpu"}
+            set_meta("trained_parameters", sum(p.numel() for p in unique.values()))
         _mark_step()
 
 

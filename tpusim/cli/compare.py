@@ -40,6 +40,7 @@ METRICS = (
 def add_parser(subparsers) -> None:
     from tpusim.hardware.calibration import add_calibration_argument
     from tpusim.slice.faults import add_fault_arguments
+    from tpusim.xla.programs import COMPILERS
 
     parser = subparsers.add_parser(
         "compare", help="compare two reports, or re-price one report's program on another slice/chip/mode",
@@ -49,7 +50,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--topology", metavar="SPEC", help="re-price A on this slice, e.g. 3d:4x4x8")
     parser.add_argument("--chip", help="re-price A on this chip generation, e.g. v6e")
     parser.add_argument("--mode", help="re-price A in these eager modes (e.g. fused, all)")
-    parser.add_argument("--compiler", choices=("auto", "xla", "model"), default="auto",
+    parser.add_argument("--compiler", choices=COMPILERS, default="auto",
                         help="re-pricing A: xla builds the programs A's recording kept with the real TPU compiler "
                              "for the new chip, model with tpusim's own, auto: xla where the extra is installed")
     add_fault_arguments(parser)   # re-price A on its slice (or --topology's) with links or chips removed
@@ -167,10 +168,9 @@ def run(args: argparse.Namespace) -> int:
             raise TpusimError("give either a second report B or --topology/--chip/--mode to re-price A, not both")
         b, _ = load_report(args.b)
     elif args.topology or args.chip or args.mode or any(faults):
-        # like for like: B is priced calibrated when A was (a report older than the calibration field was not)
-        calibrated = a.chip.calibration not in (None, "datasheet")
+        # like for like: B is priced calibrated when A was
         b = reprice(folder, a, args.topology, args.chip, args.mode, faults, args.compiler,
-                    calibration=calibrated and not args.no_calibration)
+                    calibration=a.chip.calibrated and not args.no_calibration)
     else:
         raise TpusimError("nothing to compare: give a second report B, or --topology/--chip/--mode to re-price A")
     if not a.modes or not b.modes:

@@ -109,6 +109,11 @@ class ChipSection(Open):
     mxu_size: int | None = None
     calibration: str | None = None     # the calibration file priced with (topologies/calibration/...), or "datasheet"
 
+    @property
+    def calibrated(self) -> bool:
+        """Priced with a calibration file (a report from before the field existed was not)."""
+        return self.calibration not in (None, "datasheet")
+
 
 class SliceSection(Open):
     chips: int

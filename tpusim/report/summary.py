@@ -118,7 +118,7 @@ def summary_table(report: Report, out_dir: str) -> str:
     steps = (f"{program.steps} steps" if program.steps
              else "no steps marked (optimizer.step() or tpusim.backend.step() mark them)")
     calibration = report.chip.calibration
-    chip = report.chip.display_name + (f", calibrated ({calibration})" if calibration not in (None, "datasheet")
+    chip = report.chip.display_name + (f", calibrated ({calibration})" if report.chip.calibrated
                                        else ", uncalibrated" if calibration else "")
     lines = [f"tpusim: {run.script} on {run.topology} ({chip}, "
              f"{_chips(report.slice.chips)}) - {program.ops} ops, {program.collectives} collectives, "

@@ -29,6 +29,14 @@ class Fit:
     errors: tuple[float, ...]      # each case's relative error at the fitted value
 
 
+def valued(calibration: Calibration, parameter: str, value: float) -> Calibration:
+    """``calibration`` with ``parameter`` at ``value``, added when the file does not have it yet."""
+    if parameter not in calibration.parameters:
+        calibration = Calibration(calibration.chip, {**calibration.parameters, parameter: Parameter(
+            parameter, value, estimate="a value being fitted")}, calibration.path)
+    return calibration.with_value(parameter, value)
+
+
 def mean_log_error(cases: list[Case], calibration: Calibration) -> tuple[float, tuple[float, ...]]:
     errors = []
     for case in cases:
@@ -46,10 +54,7 @@ def fit(parameter: str, cases: list[Case], lo: float = 0.05, hi: float = 1.0,
     if len(chips) != 1:
         raise TpusimError(f"fit cases of one chip generation, not {', '.join(sorted(chips))}")
     chip = chips.pop()
-    base = base or load_calibration(chip) or Calibration(chip=chip)
-    if parameter not in base.parameters:
-        base = Calibration(chip, {**base.parameters, parameter: Parameter(parameter, 1.0, estimate="fitting")},
-                           base.path)
+    base = valued(base or load_calibration(chip) or Calibration(chip=chip), parameter, 1.0)
 
     def signed(value: float) -> float:
         return mean_log_error(cases, base.with_value(parameter, value))[0]
@@ -106,10 +111,7 @@ def leave_one_family_out(cases: list[Case], parameter: str = "mxu_efficiency") -
                 value = math.exp(sum(map(math.log, shares)) / len(shares)) if shares else 1.0
                 how[chip] = "other chips (geometric mean)"
             values[chip] = value
-            if parameter not in calib.parameters:
-                calib = Calibration(chip, {**calib.parameters, parameter: Parameter(parameter, 1.0, estimate="lofo")},
-                                    calib.path)
-            priced = calib.with_value(parameter, value)
+            priced = valued(calib, parameter, value)
             for case in (c for c in inside if c.chip == chip):
                 errors[case.name] = case.predict(chip_for(case, priced)).seconds / case.published_s - 1.0
         out.append(FamilyOut(family, errors, values, how))

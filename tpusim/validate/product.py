@@ -117,27 +117,24 @@ def _recipe(name: str, family: str, topology: str, accelerator: str, args: tuple
 # script keeps q/k/v ("qkv") and recomputes the rest, the same TensorCore work.
 _LLAMA31_70B = dict(layers=80, emb=8192, heads=64, head_dim=128, mlp_dim=28672, vocab=128256, kv_heads=8)
 _T70 = "training/trillium/Llama3.1-70B-MaxText"
+
+
+def _llama31_70b(chips: int, topology: str, batch: int, step: int, step_s: float, tflops: str,
+                 note: str = "") -> ProductRun:
+    """One size of the Llama 3.1 70B recipe (its README @ 3596002a for each slice)."""
+    return _recipe(f"llama3.1-70b-v6e-{chips}", "llama3.1-70b", topology, f"v6e-{chips}",
+                   _decoder_args(**_LLAMA31_70B, seq=8192, batch=batch, remat="qkv"), step_s,
+                   f"completed step: {step}, seconds: {step_s:.3f}, TFLOP/s/device: {tflops}",
+                   f"{_T70}/v6e-{chips}/README.md", "3596002ad03c04ae20d5f04c711e8a1d2557b7f8",
+                   f"Llama 3.1 70B, fsdp {chips}; per-device batch {batch} x seq 8192; "
+                   f"remat offload (decoder_layer_input, q/k/v_proj){note}")
+
+
 RECIPES: tuple[ProductRun, ...] = (
-    _recipe("llama3.1-70b-v6e-256", "llama3.1-70b", "2d:16x16", "v6e-256",
-            _decoder_args(**_LLAMA31_70B, seq=8192, batch=5, remat="qkv"), 42.656,
-            "completed step: 14, seconds: 42.656, TFLOP/s/device: 462.297", f"{_T70}/v6e-256/README.md",
-            "3596002ad03c04ae20d5f04c711e8a1d2557b7f8", "Llama 3.1 70B, fsdp 256; per-device batch 5 x seq 8192; "
-            "remat offload (decoder_layer_input, q/k/v_proj)"),
-    _recipe("llama3.1-70b-v6e-128", "llama3.1-70b", "2d:8x16", "v6e-128",
-            _decoder_args(**_LLAMA31_70B, seq=8192, batch=4, remat="qkv"), 34.786,
-            "completed step: 14, seconds: 34.786, TFLOP/s/device: 453.500", f"{_T70}/v6e-128/README.md",
-            "3596002ad03c04ae20d5f04c711e8a1d2557b7f8", "Llama 3.1 70B, fsdp 128; per-device batch 4 x seq 8192; "
-            "remat offload (decoder_layer_input, q/k/v_proj)"),
-    _recipe("llama3.1-70b-v6e-64", "llama3.1-70b", "2d:8x8", "v6e-64",
-            _decoder_args(**_LLAMA31_70B, seq=8192, batch=2, remat="qkv"), 18.688,
-            "completed step: 14, seconds: 18.688, TFLOP/s/device: 422.091", f"{_T70}/v6e-64/README.md",
-            "3596002ad03c04ae20d5f04c711e8a1d2557b7f8", "Llama 3.1 70B, fsdp 64; per-device batch 2 x seq 8192; "
-            "remat offload (decoder_layer_input, q/k/v_proj)"),
-    _recipe("llama3.1-70b-v6e-32", "llama3.1-70b", "2d:4x8", "v6e-32",
-            _decoder_args(**_LLAMA31_70B, seq=8192, batch=2, remat="qkv"), 17.790,
-            "completed step: 34, seconds: 17.790, TFLOP/s/device: 443.385", f"{_T70}/v6e-32/README.md",
-            "3596002ad03c04ae20d5f04c711e8a1d2557b7f8", "Llama 3.1 70B, fsdp 32; per-device batch 2 x seq 8192; "
-            "remat offload (decoder_layer_input, q/k/v_proj); collective matmul off"),
+    _llama31_70b(256, "2d:16x16", 5, 14, 42.656, "462.297"),
+    _llama31_70b(128, "2d:8x16", 4, 14, 34.786, "453.500"),
+    _llama31_70b(64, "2d:8x8", 2, 14, 18.688, "422.091"),
+    _llama31_70b(32, "2d:4x8", 2, 34, 17.790, "443.385", note="; collective matmul off"),
     _recipe("llama2-70b-v6e-256", "llama2-70b", "2d:16x16", "v6e-256",
             _decoder_args(80, 8192, 64, 128, 28672, 32000, 4096, kv_heads=8, batch=2, remat="qkv"), 9.052,
             "completed step: 16, seconds: 9.052, TFLOP/s/device: 402.274, Tokens/s/device: 905.021, "

@@ -388,11 +388,14 @@ struct Call {
   const Plan& plan;
   bool meta = config().no_data;
   bool recording = g_recording.load(std::memory_order_relaxed);
-  std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> aliases;  // alias -> its device tensor
+  struct Arg {
+    at::Tensor alias;                    // the host alias passed to the kernel
+    at::Tensor dev;                      // its device tensor
+    bool written;                        // the op writes this argument
+  };
+  std::vector<Arg> args;                                               // one per tensor argument, in order
   std::vector<std::pair<at::Tensor, at::Tensor>> written;              // (device tensor, alias) the op writes
   std::vector<at::Tensor> inputs;                                      // recorded inputs
-  std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> by_device;  // device tensor -> its host alias
-  std::vector<uint8_t> alias_written;                                  // per entry of aliases: the op writes it
 
   // The host alias to pass for `t` (argument `i`).
   at::Tensor host(const at::Tensor& t, size_t i) {
@@ -404,23 +407,17 @@ struct Call {
     }
     // The same device tensor twice (x.logical_and_(y) calls logical_and.out(x, y, out=x)): one host alias,
     // so the CPU kernel sees its output is also an input and refuses to resize it, as it does on CPU.
-    for (const auto& [dev, seen] : by_device) {
-      if (dev == t.unsafeGetTensorImpl()) {
-        aliases.emplace_back(seen.unsafeGetTensorImpl(), t);   // one entry per tensor argument, as below
-        alias_written.push_back(plan.written[i]);
-        if (recording && !(plan.mutable_kw && i >= plan.kwarg_start)) {
-          inputs.push_back(t);
-        }
-        if (plan.written[i]) {
-          written.emplace_back(t, seen);
-        }
-        return seen;
+    at::Tensor alias;
+    for (const Arg& a : args) {
+      if (a.dev.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        alias = a.alias;
+        break;
       }
     }
-    at::Tensor alias = host_alias(t);
-    aliases.emplace_back(alias.unsafeGetTensorImpl(), t);
-    alias_written.push_back(plan.written[i]);
-    by_device.emplace_back(t.unsafeGetTensorImpl(), alias);
+    if (!alias.defined()) {
+      alias = host_alias(t);
+    }
+    args.push_back({alias, t, plan.written[i] != 0});
     if (plan.written[i]) {
       written.emplace_back(t, alias);
     }
@@ -457,9 +454,9 @@ struct Call {
 
   // The device tensor an output is, when it is an alias passed in (in-place and out= ops return it).
   const at::Tensor* device_of(const at::Tensor& t) const {
-    for (const auto& [impl, dev] : aliases) {
-      if (impl == t.unsafeGetTensorImpl()) {
-        return &dev;
+    for (const Arg& a : args) {
+      if (a.alias.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        return &a.dev;
       }
     }
     return nullptr;
@@ -661,8 +658,7 @@ bool sig_value(std::vector<int64_t>& key, const c10::IValue& v) {
 }
 
 // What the kernel returned (host results still on the stack), if later calls can make it themselves.
-std::shared_ptr<const Signature> note_results(const torch::jit::Stack& stack, size_t nret, const Call& call,
-                                        const std::vector<const c10::TensorImpl*>& arg_aliases) {
+std::shared_ptr<const Signature> note_results(const torch::jit::Stack& stack, size_t nret, const Call& call) {
   auto sig = std::make_shared<Signature>();
   for (const auto& [dev, alias] : call.written) {  // a written argument that changed shape: not cacheable
     if (dev.sizes() != alias.sizes() || dev.strides() != alias.strides() ||
@@ -677,17 +673,18 @@ std::shared_ptr<const Signature> note_results(const torch::jit::Stack& stack, si
     }
     // the argument it is; one passed twice (x.logical_and_(y) runs logical_and.out(x, y, out=x)) is the
     // argument the op writes, which a later call of the same signature may pass apart from its inputs
-    size_t pick = arg_aliases.size();
-    for (size_t k = 0; k < arg_aliases.size(); ++k) {
-      if (arg_aliases[k] == t.unsafeGetTensorImpl()) {
-        if (call.alias_written[k]) {
+    const auto& args = call.args;
+    size_t pick = args.size();
+    for (size_t k = 0; k < args.size(); ++k) {
+      if (args[k].alias.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        if (args[k].written) {
           pick = k;
           break;
         }
-        pick = pick < arg_aliases.size() ? pick : k;
+        pick = pick < args.size() ? pick : k;
       }
     }
-    if (pick < arg_aliases.size()) {
+    if (pick < args.size()) {
       out.kind = 1;
       out.arg = pick;
       return true;
@@ -910,11 +907,7 @@ void run_in_cpp(const c10::OperatorHandle& op, const Plan& plan, torch::jit::Sta
   }
 
   if (!signature.empty()) {
-    std::vector<const c10::TensorImpl*> arg_aliases;
-    for (const auto& [impl, dev] : call.aliases) {
-      arg_aliases.push_back(impl);
-    }
-    auto sig = note_results(*stack, nret, call, arg_aliases);
+    auto sig = note_results(*stack, nret, call);
     std::lock_guard<std::mutex> lock(g_sig_mu);
     if (g_signatures.size() > 200000) {  // a program of ever-new shapes: keep the memory bounded
       g_signatures.clear();

@@ -2,7 +2,7 @@
 #include "tpu_shim.h"
 
 #include <torch/csrc/Generator.h>
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 namespace py = pybind11;
 using namespace tpusim;

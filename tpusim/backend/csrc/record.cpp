@@ -16,7 +16,7 @@
 
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <mutex>
 #include <unordered_map>

@@ -186,3 +186,36 @@ def test_unknown_mode_is_refused_with_the_accepted_names():
     with pytest.raises(TpusimError, match="accepted: debug, strict, fused"):
         price(Trace(()), topology=toy(), mode="turbo")
     assert list(MODES) == ["debug", "strict", "fused"]
+
+
+def test_an_eval_pass_after_the_loop_is_no_recompile_in_the_summary_report_or_lint():
+    # Issue 31: the summary counted the eval pass's new shapes as recompiles while `tpusim check --fail-on
+    # recompile` passed. Three full steps, then the same lines once more at half size after the last step.
+    records = [*loop(steps=3).records, *chain(n=N // 2, base=900)]
+    trace = Trace(renumber(records))
+    slice_ = toy(compile_s=1e-3)
+    timelines = priced(trace, slice_)
+    assert timelines["strict"].meta["compile_cache"].recompiles      # the cache did see the new shapes
+    report = build_report(RunInfo("m.py"), trace, slice_, timelines)
+    assert {m: report.modes[m].compile_cache.recompile_count for m in report.modes} == {
+        "debug": 0, "strict": 0, "fused": 0}
+    assert not [w for w in report.warnings if w.code == "recompile"]
+    assert "recompile:" not in summary_table(report, "reports/x")
+
+
+def test_a_program_without_steps_has_no_step_time_in_report_json(tmp_path):
+    # Issue 31: report.json wrote the whole program's time as step_time_median_s while the summary said "no steps".
+    from tpusim.report import write_report
+    from tpusim.report.load import load_report
+    from tpusim.testing.budgets import Budgets, evaluate
+
+    trace = Trace(renumber(chain()))
+    slice_ = toy()
+    timelines = priced(trace, slice_)
+    write_report(tmp_path, build_report(RunInfo("m.py"), trace, slice_, timelines), timelines)
+    report, _ = load_report(tmp_path)
+    for mode, entry in report.modes.items():
+        assert entry.step_time_median_s is None and entry.total_s == pytest.approx(timelines[mode].total_s)
+        assert entry.time_s == entry.total_s
+    check = evaluate(report, Budgets(max_step_time_s=1.0))[0]
+    assert check.passed and "whole program (no steps marked)" in check.message

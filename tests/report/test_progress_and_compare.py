@@ -94,7 +94,7 @@ def test_compare_reads_a_version_2_report_and_says_its_median_meant_something_el
     from tpusim.report.load import load_report
     from tpusim.report.model import SCHEMA_VERSION
 
-    assert SCHEMA_VERSION == 3                 # step_time_median_s and mfu: the steady state since version 3
+    assert SCHEMA_VERSION >= 3                 # step_time_median_s and mfu: the steady state since version 3
     trace = training_trace()
     slice_ = build_slice("3d:1x1x1")
     timelines = {"strict": price(trace, topology=slice_, mode="strict")}
@@ -112,4 +112,4 @@ def test_compare_reads_a_version_2_report_and_says_its_median_meant_something_el
     assert not any("version" in n for n in notes(new_loaded, new_loaded))
     assert not any("version" in n for n in notes(old_loaded, old_loaded))
     assert main(["compare", str(tmp_path / "v2"), str(tmp_path / "v3")]) == 0
-    assert "note: A is a version 2 report and B a version 3 one" in capsys.readouterr().out
+    assert f"note: A is a version 2 report and B a version {SCHEMA_VERSION} one" in capsys.readouterr().out

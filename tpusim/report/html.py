@@ -127,7 +127,7 @@ def render_html(report: Report, figures: dict[str, Path]) -> str:
     run, modes = report.run, report.modes
     cards = [("script", run.script), ("slice", f"{run.topology} on {report.chip.display_name}"),
              ("chips", str(report.slice.chips))]
-    best = min(modes, key=lambda m: modes[m].step_time_median_s) if modes else None
+    best = min(modes, key=lambda m: modes[m].time_s) if modes else None
     summary = modes[best] if best else None
     if summary is not None:
         cards += headline_cards(summary, str(best))

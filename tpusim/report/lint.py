@@ -9,9 +9,10 @@ one row in ``RULES``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from tpusim.eager.compile_cache import Recompile
 from tpusim.hardware.compute import matmul_padding
 from tpusim.hardware.spec import ChipSpec
 from tpusim.pricing.timeline import Timeline
@@ -131,19 +132,24 @@ def hbm_near_capacity(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -
              f"of the {chip.name}'s {chip.hbm_bytes / 2**30:.0f} GiB: {advice}", "")]
 
 
+def step_loop_recompiles(trace: Trace, recompiles: Sequence[Recompile]) -> list[Recompile]:
+    """The recompiles that count, by one rule for the lint, report.json, the summary and ``tpusim check``: only
+    inside the step loop (an eval pass after it compiles its own shapes once, as it should) and only where the
+    same op at that line changed a size (the same tensor ranks): a pairing of two unrelated ops that share a
+    position, ``aten::copy_ (144,) -> (256,16,48)``, is no recompile of one op."""
+    step_of = {r.seq: step for r, step in zip(trace.records, step_of_records(trace)) if hasattr(r, "seq")}
+    return [r for r in recompiles
+            if step_of.get(r.seq) is not None and _same_ranks(r.old_shapes, r.new_shapes)]
+
+
 def recompilations(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
-    """Shapes that change from step to step recompile the same code (the classic PyTorch/XLA pain). Counted
-    only inside the step loop (an eval pass after it compiles its own shapes once, as it should) and only
-    where the same op at that line changed a size (the same tensor ranks): a pairing of two unrelated ops
-    that share a position, ``aten::copy_ (144,) -> (256,16,48)``, is no recompile of one op."""
+    """Shapes that change from step to step recompile the same code (the classic PyTorch/XLA pain); which
+    recompiles count: ``step_loop_recompiles``."""
     stats = timeline.meta.get("compile_cache") if timeline is not None else None
     if stats is None:
         return []
-    step_of = {r.seq: step for r, step in zip(trace.records, step_of_records(trace)) if hasattr(r, "seq")}
     found: dict[str, list] = {}
-    for recompile in stats.recompiles:
-        if step_of.get(recompile.seq) is None or not _same_ranks(recompile.old_shapes, recompile.new_shapes):
-            continue
+    for recompile in step_loop_recompiles(trace, stats.recompiles):
         found.setdefault(recompile.source, []).append(recompile)
     return [(f"{len(items)} recompilation(s) of {items[0].op}: shapes changed from {items[0].old_shapes} to "
              f"{items[0].new_shapes}; pad or bucket them to a few fixed shapes", source)

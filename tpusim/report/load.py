@@ -8,7 +8,8 @@ report.json); its first complaint becomes the one error, naming the JSON path.
 Versions read: ``READ_VERSIONS``. Version 1 lacks ``exit_code`` and ``interrupted`` (the model's None); versions 1
 and 2 took ``step_time_median_s`` (and ``mfu``) over every step after the first, warm-up compiles included,
 where version 3 takes the steady state (``median_meaning`` says which, and ``tpusim compare`` notes a mixed pair);
-everything else a reader needs is the same.
+versions 1-3 wrote the whole program's time as ``step_time_median_s`` of a script that marked no steps, read
+here as null, as version 4 writes it. Everything else a reader needs is the same.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from tpusim.errors import TpusimError, shown
 from tpusim.report.model import SCHEMA, SCHEMA_VERSION
 from tpusim.report.schema import Report
 
-READ_VERSIONS = (1, 2, SCHEMA_VERSION)
+READ_VERSIONS = (1, 2, 3, SCHEMA_VERSION)
+NO_STEPS_NULL_SINCE = 4     # the first version that writes no step time for a script without steps
 STEADY_MEDIAN_SINCE = 3     # the first version whose step_time_median_s leaves warm-up steps out
 
 
@@ -69,9 +71,14 @@ def check_report(report: Any, file: Path) -> Report:
         raise TpusimError(f"{file}: report schema version {shown(version, 40)} is not one this tpusim reads "
                           f"(it reads versions {', '.join(map(str, READ_VERSIONS))}){hint}")
     try:
-        return Report.model_validate(report)
+        checked = Report.model_validate(report)
     except ValidationError as error:
         raise _problem(error, file) from None
+    if checked.version < NO_STEPS_NULL_SINCE:
+        modes = {name: mode.model_copy(update={"step_time_median_s": None})
+                 if mode.steps is not None and not mode.steps.count else mode for name, mode in checked.modes.items()}
+        checked = checked.model_copy(update={"modes": modes})
+    return checked
 
 
 def report_file(path: str | Path) -> Path:

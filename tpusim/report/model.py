@@ -10,13 +10,14 @@ The same inputs give a byte-identical file: no wall-clock times (except in ``mea
 only --target pjrt writes), sorted keys, floats rounded to 9 significant digits, lists in a
 defined order.
 
-Schema ``tpusim-report`` version 3. Version 3: ``step_time_median_s`` and ``mfu`` are the steady state's
+Schema ``tpusim-report`` version 4. Version 4: ``step_time_median_s`` is null when the script marks no steps
+(earlier versions wrote the whole program's time there). Version 3: ``step_time_median_s`` and ``mfu`` are the steady state's
 (warm-up steps that compiled are left out: ``steps``); in version 2 the median took every step after the
 first, warm-up compiles included. Version 1 also lacked ``exit_code`` and ``interrupted`` and read
-``complete: true`` after ``sys.exit(3)``. ``tpusim.report.load`` reads all three; ``tpusim compare`` says
-when it compares a version 3 report with an older one::
+``complete: true`` after ``sys.exit(3)``. ``tpusim.report.load`` reads all four; ``tpusim compare`` says
+when it compares a version 3 or 4 report with an older one::
 
-    schema, version            "tpusim-report", 3
+    schema, version            "tpusim-report", 4
     complete                   true only when the script ran to its end with exit status 0, nothing
                                was interrupted and every mode asked for was priced
     error                      {type, traceback} when the script raised, else null
@@ -46,7 +47,8 @@ when it compares a version 3 report with an older one::
       steps                    count, warmup (leading steps that compiled: left out of the median),
                                compiles [per step], reason (in words), steady_median_s (null without
                                steps), steady_start_s, steady_end_s (tpusim/report/steps.py)
-      step_time_median_s       median of the steady-state steps (total_s when no steps: see steps.count)
+      step_time_median_s       median of the steady-state steps; null when the script marks no steps (total_s
+                               is then the only time: no step time is made up)
       headline                 the steady-state step's numbers (tpusim/report/headline.py): step_s,
                                tokens_per_step, tokens_per_s_per_slice/_per_chip (null unless given),
                                flops_per_step_per_chip, tflops_per_s_per_chip, mfu, mfu_peak_flops_per_s,
@@ -70,7 +72,7 @@ when it compares a version 3 report with an older one::
                                chip compile_s + compile_per_op_s x its ops), recompile_count,
                                recompiles: [{seq, source, op, old_shapes, new_shapes}] (first
                                RECOMPILES_LISTED; a recompile is a miss at a known source position
-                               with new shapes)
+                               with new shapes, inside the step loop: the lint's rule)
       fusion                   fused, or any mode of a program with torch.compile'd graphs, else null:
                                ops (in eager windows), kernels, windows (Fused clusters), cuts {rule
                                that ended a cluster: count}, clusters_compiled (distinct clusters),
@@ -132,7 +134,7 @@ from tpusim.pricing.timeline import Timeline
 from tpusim.report.collectives import collective_entry, group_collectives
 from tpusim.report.headline import headline
 from tpusim.report.links import link_summary
-from tpusim.report.lint import LintWarning
+from tpusim.report.lint import LintWarning, step_loop_recompiles
 from tpusim.report.measured import Measured, measured_section
 from tpusim.report.schema import Report
 from tpusim.report.steps import split_steps
@@ -143,7 +145,7 @@ from tpusim.trace.records import CollectiveRecord, HostRecord, OpRecord, StepMar
 from tpusim.xla.programs import XlaEstimates
 
 SCHEMA = "tpusim-report"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 TOP_OPS = 20
 RECOMPILES_LISTED = 20
 DEVICE_TERMS = ("mxu", "vpu", "transcendental", "hbm", "sparsecore", "launch")
@@ -310,7 +312,7 @@ def mode_report(timeline: Timeline, trace: Trace, slice_: Slice, tokens_per_step
         "total_s": timeline.total_s,
         "steps_s": [s.seconds for s in timeline.steps],
         "first_step_s": timeline.steps[0].seconds if timeline.steps else None,
-        "step_time_median_s": steps.steady_median_s if steps.count else timeline.total_s,
+        "step_time_median_s": steps.steady_median_s if steps.count else None,
         "steps": asdict(steps),
         "headline": head,
         "device_s": device,
@@ -322,7 +324,7 @@ def mode_report(timeline: Timeline, trace: Trace, slice_: Slice, tokens_per_step
         "mfu": head["mfu"],
         "kernels": timeline.kernels // chips,
         "hbm_bytes_moved": timeline.hbm_bytes_moved,
-        "compile_cache": compile_cache(timeline),
+        "compile_cache": compile_cache(timeline, trace),
         "fusion": timeline.meta.get("fusion"),
         "hbm": {"peak_bytes": timeline.peak_hbm_bytes, "capacity_bytes": chip.hbm_bytes,
                 "peak_fraction": timeline.peak_hbm_bytes / chip.hbm_bytes},
@@ -372,14 +374,15 @@ def _mxu_peak(chip: ChipSpec, dtype: str) -> float:
         return chip.peak_bf16_flops_per_s
 
 
-def compile_cache(timeline: Timeline) -> dict[str, Any] | None:
-    """The mode's compile-cache figures (None for a policy without a cache)."""
+def compile_cache(timeline: Timeline, trace: Trace) -> dict[str, Any] | None:
+    """The mode's compile-cache figures (None for a policy without a cache); recompiles counted as the lint
+    counts them (``step_loop_recompiles``), so the summary, report.json and ``tpusim check`` agree."""
     stats = timeline.meta.get("compile_cache")
     if stats is None:
         return None
+    recompiles = step_loop_recompiles(trace, stats.recompiles)
     return {"regions": stats.regions, "hits": stats.hits, "misses": stats.misses, "compile_s": stats.compile_s,
-            "recompile_count": len(stats.recompiles),
-            "recompiles": [asdict(r) for r in stats.recompiles[:RECOMPILES_LISTED]]}
+            "recompile_count": len(recompiles), "recompiles": [asdict(r) for r in recompiles[:RECOMPILES_LISTED]]}
 
 
 def top_ops(timeline: Timeline) -> list[dict[str, Any]]:

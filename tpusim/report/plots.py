@@ -40,7 +40,7 @@ def _time_unit(seconds: float) -> tuple[str, float]:
 def mode_comparison(report: Report) -> Figure:
     """Step time per eager mode (median after the first step), with the ratio to the slowest."""
     modes = _modes(report)
-    times = [report.modes[m].step_time_median_s for m in modes]
+    times = [report.modes[m].time_s for m in modes]
     unit, scale = _time_unit(max(times))
     fig = Figure(figsize=(6, 3.2), layout="constrained")
     ax = fig.subplots()
@@ -48,7 +48,7 @@ def mode_comparison(report: Report) -> Figure:
     for bar, t in zip(bars, times):
         ax.annotate(f"{t / scale:.3g} {unit}\n{max(times) / t:.2f}x" if t else "0", (bar.get_x() +
                     bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
-    ax.set_ylabel(f"step time ({unit})")
+    ax.set_ylabel(f"{report.modes[modes[0]].timed} ({unit})")
     ax.set_title("Simulated step time per eager mode")
     ax.margins(y=0.25)
     return fig

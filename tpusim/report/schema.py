@@ -330,7 +330,7 @@ class ModeSection(Part):
     """modes.<mode>: one eager mode priced."""
 
     total_s: Finite
-    step_time_median_s: Finite
+    step_time_median_s: Finite | None           # null: the script marked no steps (version 4 on)
     kernels: int
     mfu: Finite
     host_s: HostSeconds
@@ -343,6 +343,16 @@ class ModeSection(Part):
     step_device_s: Seconds | None = None
     collective_overlapped_s: Num = 0.0
     mxu_utilisation: Num = 0.0
+
+    @property
+    def time_s(self) -> float:
+        """What a mode is ranked by: its step time, or the whole program where no steps are marked."""
+        return self.step_time_median_s if self.step_time_median_s is not None else self.total_s
+
+    @property
+    def timed(self) -> str:
+        """What ``time_s`` is, in words."""
+        return "step time" if self.step_time_median_s is not None else "whole program (no steps marked)"
     hbm_bytes_moved: Num = 0
     compile_cache: CompileCache | None = None
     fusion: dict[str, Any] | None = None

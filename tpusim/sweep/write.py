@@ -49,7 +49,7 @@ def script_columns_of(table: Any) -> list[str]:
 
 def best_placements(table: Any) -> Any:
     """The fastest row per chip x topology x slices (its mode and placement say what wins there)."""
-    ok = table[table["status"] == "ok"]
+    ok = table[(table["status"] == "ok") & table["step_time_s"].notna()]     # a script with no steps: no step time
     if ok.empty:
         return ok
     script = script_columns_of(table)

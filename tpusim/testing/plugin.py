@@ -195,8 +195,18 @@ class RunReport:
 
     @property
     def step_time_s(self) -> float:
-        """Median steady-state step time of the first mode priced, seconds."""
-        return self.report.modes[self.mode].step_time_median_s
+        """Median steady-state step time of the first mode priced, seconds (an error when no steps are marked:
+        ``total_s`` is then the whole program's time)."""
+        step = self.report.modes[self.mode].step_time_median_s
+        if step is None:
+            raise TpusimError(f"{self.report.run.script} marked no steps, so it has no step time: call "
+                              f"optimizer.step() or tpusim.backend.step() once per step, or read total_s")
+        return step
+
+    @property
+    def total_s(self) -> float:
+        """The whole program's simulated time in the first mode priced, seconds."""
+        return self.report.modes[self.mode].total_s
 
     @property
     def hbm_peak_bytes(self) -> int:

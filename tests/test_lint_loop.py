@@ -87,3 +87,38 @@ def test_hbm_lint_tells_a_full_chip_from_one_near_capacity():
     assert "95% of the v5p's 95 GiB: little headroom for larger batches" in near
     (full, _), = findings(CHIP.hbm_bytes)          # what an out-of-memory run leaves: the chip full
     assert "100% of the v5p's 95 GiB: full: smaller batches, activation checkpointing" in full
+
+
+def test_a_one_chip_program_on_a_slice_of_many_says_the_other_chips_idle():
+    # Issue 31: a one-chip script swept or compared over multi-chip slices got no note that the other chips idle.
+    import dataclasses
+
+    from factories import training_trace
+
+    from tpusim.trace.records import CollectiveRecord
+
+    alone = dataclasses.replace(training_trace(), world_size=4)
+    (warning,) = [w for w in lint(alone, CHIP) if w.code == "idle-chips"]
+    assert "1 of the slice's 4 chips: the other 3 idle" in warning.message
+    assert not [w for w in lint(dataclasses.replace(alone, world_size=1), CHIP) if w.code == "idle-chips"]
+    reduce = CollectiveRecord(0, "all_reduce", 1024, "bfloat16", source="train.py:7")
+    data_parallel = dataclasses.replace(alone, records=renumber([*alone.records, reduce]))
+    assert not [w for w in lint(data_parallel, CHIP) if w.code == "idle-chips"]
+
+
+def test_a_sweep_of_a_one_chip_program_counts_the_chips_it_uses():
+    # Issue 31: the Pareto front recommended "4 chips" for a script that uses one.
+    from factories import training_trace
+
+    from tpusim.sweep import Point
+    from tpusim.sweep.point import price_point
+    from tpusim.sweep.write import idle_note, sweep_table
+
+    trace = training_trace()
+    rows = [price_point(trace, Point(chip, topology, 1, "strict", "default"))
+            for chip, topology in (("v5e", "2d:1x1"), ("v5p", "3d:1x1x1"), ("v5p", "3d:2x2x1"))]
+    table = sweep_table(rows)
+    assert table["chips_used"].tolist() == [1, 1, 1] and table["chips"].tolist() == [1, 1, 4]
+    front = table[table["pareto"]]
+    assert front["chips"].tolist() == [1]         # one point: the fastest chip; a 4-chip slice of v5p is no faster
+    assert "uses one chip of each slice" in idle_note(table)

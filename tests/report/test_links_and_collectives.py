@@ -7,7 +7,7 @@ from factories import A, B, C
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report
 from tpusim.report.collectives import group_collectives
-from tpusim.report.text import percent_text, ratio_text, seconds_text
+from tpusim.report.text import percent_text, ratio_text, seconds_text, tflops_text
 from tpusim.slice.topology import build_slice
 from tpusim.trace.records import CollectiveRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
 
@@ -83,6 +83,12 @@ def test_contention_below_the_resolution_is_zero():
 def test_small_shares_keep_their_digits_and_zero_ratios_are_not_ratios():
     assert percent_text(0.000042) == "0.0042%" and percent_text(0.123) == "12.3%" and percent_text(0.0) == "0%"
     assert ratio_text(0.0, 0.0) == "-" and ratio_text(1e-20, 4e-19) == "-" and ratio_text(2.0, 5.0) == "2.5x"
+
+
+def test_a_toy_program_on_a_big_chip_prints_zero_utilisation_not_exponents():
+    # Issue 31: a few FLOPs on a v5p printed "TFLOP/s per chip 1.82e-10" and "MFU 4e-11%".
+    assert percent_text(4e-13) == "0%" and percent_text(-4e-13) == "0%" and percent_text(2e-6) == "0.0002%"
+    assert tflops_text(1.82e-10) == "0" and tflops_text(0.00123) == "0.00123" and tflops_text(212.345) == "212"
 
 
 def test_an_idle_network_collective_has_no_contention():

@@ -8,6 +8,7 @@ replay, without running the script again.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -98,7 +99,8 @@ def reprice(folder: Path, report: Report, topology: str | None, chip: str | None
     run = report.run
     info = RunInfo(script=run.script, argv=tuple(run.argv), topology=slice_.spec, numerics=run.numerics,
                    torch_version=run.torch_version, tokens_per_step=run.tokens_per_step)
-    return build_report(info, trace, slice_, timelines, lint(trace, slice_.chip, timelines[names[-1]]), xla=xla)
+    on_slice = dataclasses.replace(trace, world_size=slice_.total_chips)      # the lint's idle-chips rule reads it
+    return build_report(info, trace, slice_, timelines, lint(on_slice, slice_.chip, timelines[names[-1]]), xla=xla)
 
 
 def label(report: Report) -> str:

@@ -183,13 +183,15 @@ def _out(args: argparse.Namespace, name: str) -> Path:
 def _summary(table, out: Path, wall: float) -> int:
     """The counts, the Pareto front (one per combination of script arguments), the failures; the exit code."""
     from tpusim.sweep.pareto import pareto_front
-    from tpusim.sweep.write import script_columns_of
+    from tpusim.sweep.write import idle_note, script_columns_of
     from tpusim.units import format_seconds
 
     counts = table["status"].value_counts().to_dict()
     print(f"tpusim sweep: {len(table)} points in {wall:.1f} s: {counts.get('ok', 0)} priced, "
           f"{counts.get('invalid', 0)} invalid, {counts.get('failed', 0)} failed")
     script = script_columns_of(table)
+    if note := idle_note(table):
+        print(f"note: {note}")
     front = pareto_front(table)
     if not front.empty:
         print("Pareto front (step time vs chips" + (f", per {', '.join(script)}" if script else "") + "):")
@@ -198,7 +200,8 @@ def _summary(table, out: Path, wall: float) -> int:
         width = max(map(len, givens))
         for row, given in zip(rows, givens):
             slices = f" x{row['slices']}" if row["slices"] > 1 else ""
-            print(f"  {given.ljust(width) + '  ' if given else ''}{row['chips']:>7} chips  "
+            used = f" ({row['chips_used']} used)" if row["chips_used"] != row["chips"] else ""
+            print(f"  {given.ljust(width) + '  ' if given else ''}{row['chips']:>7} chips{used}  "
                   f"{format_seconds(row['step_time_s']):>9}  {row['chip']} {row['topology']}{slices} "
                   f"{row['mode']} {row['placement']}")
     for row in table[table["status"] == "failed"].to_dict("records"):

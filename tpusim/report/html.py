@@ -20,7 +20,7 @@ from markupsafe import Markup
 from tpusim.report.model import incomplete_reason
 from tpusim.report.schema import Headline, MeasuredSection, ModeSection, Report
 from tpusim.report.summary import budget_line, mode_rows, recorded_prefix, warmup_lines
-from tpusim.report.text import percent_text, seconds_text
+from tpusim.report.text import percent_text, seconds_text, tflops_text
 from tpusim.units import format_bytes
 
 STYLE = """
@@ -53,7 +53,7 @@ def headline_cards(mode: ModeSection, name: str) -> list[tuple[str, str]]:
     if head.tokens_per_s_per_chip is not None:
         cards += [("tokens/s per chip", f"{head.tokens_per_s_per_chip:,.0f}"),
                   ("tokens/s per slice", f"{head.tokens_per_s_per_slice:,.0f}")]
-    cards += [("TFLOP/s per chip", f"{head.tflops_per_s_per_chip:.3g}"),
+    cards += [("TFLOP/s per chip", tflops_text(head.tflops_per_s_per_chip)),
               ("HFU (every FLOP run)", percent_text(mode.mfu)),
               *([("MFU (6 x params x tokens)", percent_text(head.model_flops_utilisation))]
                 if head.model_flops_utilisation is not None else []),

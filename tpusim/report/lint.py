@@ -16,7 +16,7 @@ from tpusim.eager.compile_cache import Recompile
 from tpusim.hardware.compute import matmul_padding
 from tpusim.hardware.spec import ChipSpec
 from tpusim.pricing.timeline import Timeline
-from tpusim.trace.records import HostRecord, OpRecord, StepMarker, Trace
+from tpusim.trace.records import CollectiveRecord, HostRecord, OpRecord, StepMarker, Trace
 
 HBM_NEAR_CAPACITY = 0.9
 MXU_WASTE_SHARE = 0.05   # shapes with at least 5% of the program's matmul FLOPs...
@@ -199,6 +199,22 @@ def eager_graphs(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> lis
             for g in (facts.eager_graphs if facts else ())]
 
 
+def uses_one_chip(trace: Trace) -> bool:
+    """A program that ran no collective and built no device mesh (no process group in use) runs on one chip,
+    whatever the slice: the slice's other chips idle."""
+    return not trace.meta.meshes and not any(isinstance(r, CollectiveRecord) for r in trace.records)
+
+
+def idle_chips(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
+    """A one-chip program priced on a slice of many (``trace.world_size``: the slice's chips): the figures are
+    one chip's, and a bigger slice makes it no faster."""
+    if trace.world_size <= 1 or not uses_one_chip(trace):
+        return []
+    idle = trace.world_size - 1
+    return [(f"the program runs no collective, so it uses 1 of the slice's {trace.world_size} chips: the other "
+             f"{idle} idle and every figure is one chip's; a process group (DDP, FSDP2, DTensor) would use them", "")]
+
+
 Rule = Callable[[Trace, ChipSpec, Timeline | None], list[Finding]]
 
 # The lint codes, in the order their warnings are listed: code -> (rule, what it flags).
@@ -212,6 +228,7 @@ RULES: dict[str, tuple[Rule, str]] = {
     "graph-break": (graph_breaks, "torch.compile graph breaks"),
     "dynamo-recompile": (dynamo_recompiles, "Dynamo recompilations"),
     "eager-graph": (eager_graphs, "compiled graphs that ran op by op (no JAX lowering)"),
+    "idle-chips": (idle_chips, "a one-chip program on a slice of many: the other chips idle"),
 }
 
 

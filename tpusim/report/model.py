@@ -11,8 +11,8 @@ only --target pjrt writes), sorted keys, floats rounded to 9 significant digits,
 defined order.
 
 Schema ``tpusim-report`` version 4. Version 4: ``step_time_median_s`` is null when the script marks no steps
-(earlier versions wrote the whole program's time there). Version 3: ``step_time_median_s`` and ``mfu`` are the steady state's
-(warm-up steps that compiled are left out: ``steps``); in version 2 the median took every step after the
+(earlier versions wrote the whole program's time there). Version 3: ``step_time_median_s`` and ``mfu`` are the
+steady state's (warm-up steps that compiled are left out: ``steps``); in version 2 the median took every step after the
 first, warm-up compiles included. Version 1 also lacked ``exit_code`` and ``interrupted`` and read
 ``complete: true`` after ``sys.exit(3)``. ``tpusim.report.load`` reads all four; ``tpusim compare`` says
 when it compares a version 3 or 4 report with an older one::

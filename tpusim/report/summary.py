@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tpusim.report.model import incomplete_reason
 from tpusim.report.schema import CompileCache, Headline, ModeSection, Report, StepsInfo
-from tpusim.report.text import percent_text, seconds_text
+from tpusim.report.text import percent_text, seconds_text, tflops_text
 from tpusim.units import format_bytes
 
 RECOMPILES_SHOWN = 5
@@ -75,7 +75,7 @@ def headline_rows(modes: Modes, names: list[str]) -> list[tuple[str, list[str]]]
     if any(h.tokens_per_step for h in head.values()):
         rows += [("tokens/s per slice", [_per_second(head[m].tokens_per_s_per_slice) for m in names]),
                  ("tokens/s per chip", [_per_second(head[m].tokens_per_s_per_chip) for m in names])]
-    rows += [("TFLOP/s per chip", [f"{head[m].tflops_per_s_per_chip:.3g}" for m in names]),
+    rows += [("TFLOP/s per chip", [tflops_text(head[m].tflops_per_s_per_chip) for m in names]),
              ("HFU (every FLOP run)", [percent_text(modes[m].mfu) for m in names])]
     if any(h.model_flops_utilisation is not None for h in head.values()):
         rows += [("MFU (6 x params x tokens)", [percent_text(head[m].model_flops_utilisation) for m in names])]

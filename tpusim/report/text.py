@@ -14,6 +14,8 @@ from tpusim.units import format_seconds
 
 RESOLUTION_S = 1e-12        # the DES resolves picoseconds at best: below that a time is float rounding
 RELATIVE_RESOLUTION = 1e-9  # a difference under this fraction of what it was computed from is rounding
+SHARE_RESOLUTION = 1e-6     # a utilisation under 0.0001% (a toy program on a chip of hundreds of TFLOP/s) reads 0
+RATE_RESOLUTION = 1e-6      # TFLOP/s: under one MFLOP/s per chip reads 0
 
 
 def resolved(value: float, scale: float = 0.0) -> float:
@@ -29,14 +31,20 @@ def seconds_text(value: float | None) -> str:
 
 
 def percent_text(share: float | None) -> str:
-    """A share as a percentage: one decimal from 0.1% up, two significant digits below (0.0042%), 0 for 0."""
+    """A share as a percentage: one decimal from 0.1% up, two significant digits below (0.0042%), 0 under
+    ``SHARE_RESOLUTION`` (an MFU of 4e-11% is no number anyone acts on)."""
     if share is None:
         return "-"
-    if share == 0:
+    if abs(share) < SHARE_RESOLUTION:
         return "0%"
     if abs(share) >= 1e-3:
         return f"{share:.1%}"
     return f"{share * 100:.2g}%"
+
+
+def tflops_text(value: float) -> str:
+    """A rate in TFLOP/s, three significant digits; 0 under ``RATE_RESOLUTION``."""
+    return "0" if abs(value) < RATE_RESOLUTION else f"{value:.3g}"
 
 
 def ratio_text(a: float | None, b: float | None) -> str:

@@ -15,7 +15,8 @@ from tpusim.errors import TpusimError
 from tpusim.sweep.grid import DEFAULT_PLACEMENT, Point
 from tpusim.trace.records import Trace
 
-COLUMNS = ("chip", "calibrated", "topology", "slices", "mode", "placement", "chips", "status", "step_time_s",
+COLUMNS = ("chip", "calibrated", "topology", "slices", "mode", "placement", "chips", "chips_used", "status",
+           "step_time_s",
            "total_s", "mfu", "tflops_per_s_per_chip", "tokens_per_s_per_chip", "hbm_peak_bytes", "hbm_peak_fraction",
            "collective_exposed_s", "host_stall_s", "kernels", "bound", "price_wall_s", "worker", "error")
 
@@ -32,6 +33,7 @@ def price_point(trace: Trace, point: Point, tokens_per_step: int | None = None) 
     ``tpusim run`` reports), or ``status`` "invalid" with the reason."""
     from tpusim.placement import apply_placement
     from tpusim.pricing import price
+    from tpusim.report.lint import uses_one_chip
     from tpusim.report.model import mode_report
 
     began = time.perf_counter()
@@ -41,6 +43,7 @@ def price_point(trace: Trace, point: Point, tokens_per_step: int | None = None) 
     try:
         slice_ = point_slice(point)
         row["chips"] = slice_.total_chips
+        row["chips_used"] = 1 if uses_one_chip(trace) else slice_.total_chips    # a one-chip script idles the rest
         placed = apply_placement(trace, slice_, None if point.placement == DEFAULT_PLACEMENT else point.placement)
         timeline = price(placed, topology=slice_, mode=point.mode)
         entry = mode_report(timeline, placed, slice_, tokens_per_step)

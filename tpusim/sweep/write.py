@@ -18,15 +18,17 @@ from tpusim.sweep.point import COLUMNS
 def sweep_table(rows: list[dict[str, Any]], script_columns: tuple[str, ...] = ()) -> Any:
     """Rows -> DataFrame in COLUMNS order (the script's swept arguments after ``placement``, and the
     ``recording`` each was priced against), sorted by chip, topology, slices, mode, placement, script
-    arguments, with ``pareto``: on the front of step time vs chips among rows of the same script arguments
-    (a bigger batch is another workload, not a slower configuration)."""
+    arguments, with ``pareto``: on the front of step time vs chips used among rows of the same script arguments
+    (a bigger batch is another workload, not a slower configuration; a one-chip script's bigger slice is no
+    faster, its other chips idle)."""
     import pandas as pd
 
     at = COLUMNS.index("placement") + 1
     columns = [*COLUMNS[:at], *script_columns, *COLUMNS[at:], *(("recording",) if script_columns else ())]
     table = pd.DataFrame([{c: row.get(c) for c in columns} for row in rows], columns=columns)
-    for column in ("chips", "hbm_peak_bytes", "kernels"):   # whole numbers; missing on rows not priced
+    for column in ("chips", "chips_used", "hbm_peak_bytes", "kernels"):   # whole numbers; missing on rows not priced
         table[column] = table[column].astype("Int64")
+    table["chips_used"] = table["chips_used"].fillna(table["chips"])      # rows that do not say used every chip
     table = table.sort_values(["chip", "topology", "slices", "mode", "placement", *script_columns], kind="stable")
     table = table.reset_index(drop=True)
     table["pareto"] = False
@@ -34,7 +36,7 @@ def sweep_table(rows: list[dict[str, Any]], script_columns: tuple[str, ...] = ()
     for index in ([table.index[group == g] for g in group.unique()] if group is not None else [table.index]):
         part = table.loc[index]
         ok = part["status"] == "ok"
-        chips = [int(c) if k else None for c, k in zip(part["chips"], ok)]
+        chips = [int(c) if k else None for c, k in zip(part["chips_used"], ok)]
         steps = [float(s) if k else None for s, k in zip(part["step_time_s"], ok)]
         table.loc[index, "pareto"] = pareto_flags(chips, steps)
     table["pareto"] = table["pareto"].astype(bool)
@@ -117,6 +119,16 @@ def _by_argument_sections(table: Any) -> list[str]:
     return parts
 
 
+def idle_note(table: Any) -> str | None:
+    """Why a one-chip script's front holds one point: the slices' other chips idle (None for a script that
+    uses every chip)."""
+    ok = table[table["status"] == "ok"]
+    if ok.empty or (ok["chips_used"] == ok["chips"]).all():
+        return None
+    return ("the script runs no collective, so it uses one chip of each slice and the slices' other chips idle; "
+            "the Pareto front counts the chips used")
+
+
 def _html_table(frame: Any) -> str:
     return frame.to_html(index=False, na_rep="-", float_format=lambda v: f"{v:.4g}", border=0)
 
@@ -130,6 +142,8 @@ def sweep_html(table: Any, title: str) -> str:
              f"<p>{len(table)} points: {int((table['status'] == 'ok').sum())} priced, "
              f"{int((table['status'] == 'invalid').sum())} invalid, {int((table['status'] == 'failed').sum())} "
              f"failed.</p>"]
+    if note := idle_note(table):
+        parts.append(f"<p><b>Note:</b> {html.escape(note)}.</p>")
     if (table["status"] == "ok").any():
         parts += ["<h2>Step time against chips</h2>",
                   f"<img alt='step time vs chips' src='data:image/png;base64,"

@@ -28,3 +28,10 @@ def test_plain_integers_round_trip(n):
 
 def test_format_bytes_uses_binary_units():
     assert format_bytes(1536) == "1.5 KiB" and format_bytes(2**30) == "1 GiB" and format_bytes(10) == "10 B"
+
+
+def test_format_bytes_never_prints_an_exponent():
+    # Issue 31: 1023.5 MiB printed as "1.02e+03 MiB".
+    sizes = [1000, 1023.5 * 2**20, 1000 * 2**30, 3 * 2**50, *(2.0**k for k in range(0, 60))]
+    assert not [n for n in sizes if "e" in format_bytes(n)]
+    assert format_bytes(1023.5 * 2**20) == "1 GiB" and format_bytes(1000) == "0.977 KiB"

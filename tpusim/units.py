@@ -39,9 +39,10 @@ def parse_bytes(text: str) -> int:
 
 
 def format_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB' (binary units, as memory sizes are usually quoted)."""
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
+    """1536 -> '1.5 KiB' (binary units, as memory sizes are usually quoted); from 1000 of a unit on, the next
+    one (1023.5 MiB -> '0.999 GiB', never '1.02e+03 MiB')."""
+    for unit, scale in (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale * 1000 / 1024:
             return f"{n / scale:.3g} {unit}"
     return f"{n:.0f} B"
 

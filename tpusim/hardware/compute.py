@@ -126,6 +126,9 @@ def dtype_class(dtype: str) -> str:
     return _DTYPE_ALIASES[name]
 
 
+MATMUL_DTYPES = ("bf16", "f32", "int8", "fp8")    # the MXU rate classes (dtype_class's values)
+
+
 def mxu_peak_flops_per_s(chip: ChipSpec, dtype: str) -> float:
     """The chip's matmul peak for a dtype (whole chip, all TensorCores and MXUs)."""
     return {"bf16": chip.peak_bf16_flops_per_s, "f32": chip.peak_f32_flops_per_s,

@@ -30,6 +30,12 @@ def single_chip_topology(chip: ChipSpec) -> str:
     return f"{chip.torus_dims}d:" + "x".join("1" * chip.torus_dims)
 
 
+def priced_chip(chip: ChipSpec, trace: Trace) -> ChipSpec:
+    """``chip`` as the trace's kernels are priced on it: float32 matmuls at the precision the program ran at."""
+    precision = trace.meta.matmul_precision
+    return at_matmul_precision(chip, precision.bf16_passes if precision else 1)
+
+
 def price(trace: Trace, *, topology: str | Slice = "", chip: str | ChipSpec | None = None,
           mode: str = DEFAULT_MODE, chunk_bytes: int | None = None,
           progress: Callable[[str], None] | None = None,
@@ -42,8 +48,7 @@ def price(trace: Trace, *, topology: str | Slice = "", chip: str | ChipSpec | No
     their place. Float32 matmuls cost the bf16 passes of the precision the program ran at (TorchTPU's
     DEFAULT, one pass, unless it asked for more: ``TraceMeta.matmul_precision``)."""
     slice_ = topology if isinstance(topology, Slice) else build_slice(topology or "3d:1x1x1", chip=chip)
-    precision = trace.meta.matmul_precision
-    kernel_chip = at_matmul_precision(slice_.chip, precision.bf16_passes if precision else 1)
+    kernel_chip = priced_chip(slice_.chip, trace)
     eager_mode = get_mode(mode)  # an unknown name raises with the accepted ones
     if progress:
         progress(f"pricing {eager_mode.name} mode on {slice_.spec} ({slice_.chip.name})")

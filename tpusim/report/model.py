@@ -34,7 +34,8 @@ when it compares a version 3 or 4 report with an older one::
                                stopped; [] otherwise)}; every mode prices what was recorded only
     run                        script, argv, tpusim_version, torch_version, chip, topology,
                                world_size, modes, numerics, target, tokens_per_step (--tokens-per-step; null)
-    chip                       name, display_name and the peaks the report compares against; calibration
+    chip                       name, display_name and the peaks the report compares against (peak_flops_per_s:
+                               the matmul peak per dtype class, float32 at the program's precision); calibration
                                (the calibration file the chip carried, topologies/calibration/<chip>.toml,
                                or "datasheet": --no-calibration, or a generation without a file)
     slice                      Slice.to_dict(): chips, dims, wrap, links, diameter, bisection; shape_note
@@ -127,9 +128,10 @@ from typing import Any
 from tpusim import __version__
 from tpusim.errors import TpusimError
 from tpusim.hardware.calibration import calibration_label
-from tpusim.hardware.compute import mxu_peak_flops_per_s
+from tpusim.hardware.compute import MATMUL_DTYPES, mxu_peak_flops_per_s
 from tpusim.hardware.spec import ChipSpec
 from tpusim.placement import Distributed, PlacementComparison
+from tpusim.pricing import priced_chip
 from tpusim.pricing.timeline import Timeline
 from tpusim.report.collectives import collective_entry, group_collectives
 from tpusim.report.headline import headline
@@ -224,7 +226,7 @@ def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str
                 "torch_version": info.torch_version, "chip": chip.name, "topology": slice_.spec,
                 "world_size": slice_.total_chips, "modes": list(timelines), "numerics": info.numerics,
                 "target": info.target, "tokens_per_step": info.tokens_per_step},
-        "chip": chip_summary(chip),
+        "chip": chip_summary(chip, trace),
         "slice": slice_.to_dict(),
         "program": program_summary(trace),
         "modes": {mode: mode_report(timeline, trace, slice_, info.tokens_per_step, codes,
@@ -276,9 +278,14 @@ def placements_section(comparison: PlacementComparison) -> dict[str, Any]:
             "reason": comparison.reason}
 
 
-def chip_summary(chip: ChipSpec) -> dict[str, Any]:
+def chip_summary(chip: ChipSpec, trace: Trace) -> dict[str, Any]:
+    """The chip's numbers the report compares against; the matmul peak per dtype is the priced one (float32 at
+    the program's matmul precision), so the roofline's roofs are the ones its ops ran under."""
+    priced = priced_chip(chip, trace)
     return {"name": chip.name, "display_name": chip.display_name,
-            "peak_bf16_flops_per_s": chip.peak_bf16_flops_per_s, "hbm_bytes": chip.hbm_bytes,
+            "peak_bf16_flops_per_s": chip.peak_bf16_flops_per_s,
+            "peak_flops_per_s": {kind: mxu_peak_flops_per_s(priced, kind) for kind in MATMUL_DTYPES},
+            "hbm_bytes": chip.hbm_bytes,
             "hbm_bytes_per_s": chip.hbm_bytes_per_s, "ici_link_bytes_per_s": chip.ici_link_bytes_per_s,
             "mxu_size": chip.mxu_size, "calibration": calibration_label(chip)}
 

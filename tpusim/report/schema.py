@@ -104,6 +104,7 @@ class ChipSection(Open):
     display_name: str
     peak_bf16_flops_per_s: Finite
     hbm_bytes_per_s: Finite
+    peak_flops_per_s: dict[str, Num] | None = None   # matmul peak per dtype class (bf16, f32, int8, fp8), as priced
     hbm_bytes: Num | None = None
     ici_link_bytes_per_s: Num | None = None
     mxu_size: int | None = None

@@ -91,7 +91,8 @@ def main() -> None:
     mesh = init_device_mesh("tpu", (world // tp, tp), mesh_dim_names=("fsdp", "tp"))
 
     torch.manual_seed(0)
-    model = GPT(args.vocab, args.d_model, args.heads, args.layers, args.seq).to("tpu", getattr(torch, args.dtype))
+    with torch.device("tpu"):       # built on the device: with --numerics off nothing is allocated on this machine
+        model = GPT(args.vocab, args.d_model, args.heads, args.layers, args.seq).to(getattr(torch, args.dtype))
     for block in model.blocks:
         parallelize_module(block, mesh["tp"], TP_PLAN)
         fully_shard(block, mesh=mesh["fsdp"])

@@ -122,6 +122,18 @@ def test_generators_match_cpu_with_same_seed() -> None:
     torch.testing.assert_close(torch.rand(3, device="tpu").cpu(), e)
 
 
+def test_tpu_draws_from_its_own_stream_as_the_docs_say() -> None:
+    # docs/device.md: a draw on CPU does not advance "tpu"'s generator (the README once said a seeded script
+    # draws on "tpu" what it draws on CPU, which holds only when every draw is on "tpu").
+    torch.manual_seed(5)
+    cpu_first = torch.randn(4)
+    mixed = torch.randn(4, device="tpu").cpu()          # tpu's stream starts at the seed: CPU's first draw
+    torch.testing.assert_close(mixed, cpu_first)
+    torch.manual_seed(5)
+    torch.randn(4)
+    assert not torch.equal(torch.randn(4), mixed)       # CPU's second draw is another number
+
+
 def test_dropout_reproducible() -> None:
     torch.manual_seed(5)
     a = torch.nn.functional.dropout(torch.ones(100, device="tpu"), 0.5).cpu()

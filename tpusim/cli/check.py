@@ -26,6 +26,14 @@ if TYPE_CHECKING:
 
 OK, FAILED, BAD_INPUT, SCRIPT_FAILED = 0, 1, 2, 3
 
+DESCRIPTION = """\
+tpusim check SCRIPT: a TPU-readiness gate for CI. Runs the script exactly as `tpusim run` does, then checks
+the report against budgets (step time, HBM peak) and lint codes (float64, host syncs in the step loop, ...).
+
+Exit codes: 0 every check passed; 1 a budget or lint rule failed; 2 bad input (a flag, a topology, a missing
+script); 3 the script itself failed. The summary is a few lines (or JSON with --json), and --junit FILE writes
+JUnit XML for CI test-result views."""
+
 EXAMPLES = """\
 exit codes: 0 ok, 1 a budget or lint rule failed, 2 bad input, 3 the script failed
 
@@ -41,7 +49,7 @@ def add_parser(subparsers) -> None:
 
     parser = subparsers.add_parser(
         "check", help="CI gate: run a script and fail on step-time / HBM budgets or lint findings",
-        description=__doc__.replace("``", ""), epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=DESCRIPTION, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("script", metavar="SCRIPT", help="the Python file to run, e.g. train.py")
     parser.add_argument("--topology", metavar="SPEC", help="slice shape, e.g. 3d:4x4x4 (default: one chip)")
     parser.add_argument("--chip", help="chip generation, e.g. v5p, v6e")

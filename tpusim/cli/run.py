@@ -33,7 +33,7 @@ wall time per step beside the prediction. On a TPU the prediction is for that ch
 elsewhere compare the ratios between modes, not the absolute times.
 
 What it writes (in --out, default reports/<script>-<topology>-<time>/):
-  report.json   the versioned cost report (the contract; see tpusim/report/model.py)
+  report.json   the versioned cost report (its fields: docs/report.md)
   report.html   one self-contained page with the figures; *.png the figures alone
   trace.json    Chrome/Perfetto trace of the fastest mode (open in ui.perfetto.dev)
   program.jsonl the recorded program trace, to re-price without re-running

@@ -1,8 +1,4 @@
-"""``tpusim sweep REPORT_DIR``: one recording priced over a grid of chips x topologies x slices x eager modes
-x placements on Dask (an embedded LocalCluster, or --scheduler / DASK_SCHEDULER_ADDRESS).
-``tpusim sweep SCRIPT --script-arg batch-size=8,16``: the script recorded once per combination of its
-swept arguments, each recording priced over the grid. The work is tpusim/sweep/; this module is its flags
-and its terminal output."""
+"""``tpusim sweep``'s flags and terminal output (the work is tpusim/sweep/)."""
 
 from __future__ import annotations
 
@@ -21,8 +17,8 @@ examples:
   python -m tpusim sweep reports/mlp --grid grid.toml --workers 4 --out sweeps/mlp
   python -m tpusim sweep reports/gpt --topology 3d:4x4x8 --placement "tp=x,fsdp=yz;tp=z,fsdp=xy" --out sweeps/gpt
   DASK_SCHEDULER_ADDRESS=tcp://10.0.0.5:8786 python -m tpusim sweep reports/mlp --chip v5p,v5e --topology 2d:8x8
-  python -m tpusim sweep examples/transformer.py --script-arg batch-size=8,16 --script-arg seq-len=128,256 \
-      --tokens-per-step batch-size*seq-len --chip v5p --topology 3d:2x2x2,3d:4x4x4 --out sweeps/transformer
+  python -m tpusim sweep examples/transformer.py --script-arg batch=4,16 --script-arg seq=64,128 \
+      --tokens-per-step batch*seq --chip v5p --topology 3d:2x2x2,3d:4x4x4 --out sweeps/transformer
 
 With SCRIPT (a .py file) and --script-arg NAME=V1,V2 (repeatable): each combination of the values is
 recorded once by `tpusim run SCRIPT --numerics off -- --NAME V ...` (in turn, under sweeps' --out
@@ -30,11 +26,18 @@ recordings/), then every grid point is priced against it; the table gets one col
 and a combination whose recording failed is one failed row per point. Arguments after -- go to every run.
 
 A grid file is TOML with any of: chip, topology, slices, mode, placement (lists), tokens_per_step, and a
-[script_args] table (batch-size = [8, 16]); flags override it.
+[script_args] table (batch = [4, 16]); flags override it.
 Writes sweep.csv, sweep.parquet and sweep.html (plots, Pareto front of step time vs chips) in --out.
 Points that cannot exist (v6e has no 3D torus) are rows with status invalid; points whose task failed
 after --retries (a killed worker) are rows with status failed and the exit code is 1.
 """
+
+
+DESCRIPTION = """\
+tpusim sweep REPORT_DIR: price one recorded run over a grid of chips x topologies x slices x eager modes x
+placements, in parallel on Dask (a local cluster, or --scheduler / DASK_SCHEDULER_ADDRESS), without running
+the script again. tpusim sweep SCRIPT --script-arg batch=4,16: record the script once per combination
+of its swept arguments, then price each recording over the grid."""
 
 
 def add_parser(subparsers) -> None:
@@ -42,14 +45,14 @@ def add_parser(subparsers) -> None:
 
     parser = subparsers.add_parser(
         "sweep", help="price one recording over chips x topologies x slices x modes x placements on Dask",
-        description=__doc__.replace("``", ""), epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=DESCRIPTION, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("report_dir", metavar="REPORT_DIR|SCRIPT",
                         help="a folder written by `tpusim run` (program.jsonl), or a script to record per "
                              "--script-arg combination")
     parser.add_argument("--script-arg", action="append", metavar="NAME=V1,V2", dest="script_arg",
                         help="sweep the script's --NAME over these values (repeatable; SCRIPT only)")
     parser.add_argument("--tokens-per-step", metavar="EXPR",
-                        help="tokens per step for tokens/s, e.g. batch-size*seq-len or 8192 (SCRIPT only)")
+                        help="tokens per step for tokens/s, e.g. batch*seq or 8192 (SCRIPT only)")
     parser.add_argument("--grid", metavar="FILE", help="TOML grid file (chip, topology, slices, mode, placement)")
     parser.add_argument("--chip", help="chip generations, comma list (default: the run's)")
     parser.add_argument("--topology", metavar="SPECS", help="slices, comma list, e.g. 2d:4x4,3d:4x4x4 "

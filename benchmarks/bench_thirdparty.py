@@ -5,7 +5,8 @@
 Models nobody here wrote, as tests/backend/test_thirdparty_models.py builds them (random init,
 nothing downloaded): tiny GPT-2, BERT and T5 from ``transformers`` configs, and a small GRU
 language model from plain torch.nn. Each trains with AdamW; CPU and tpu steps are interleaved
-so both see the same machine load; medians. Target: tpu/CPU <= 1.2x. Needs the optional
+so they see the same machine load; medians. Targets (issue 31): tpu/CPU <= 1.15x outside
+``tpusim run`` (nothing recorded), <= 1.5x recording, as under ``tpusim run``. Needs the optional
 ``transformers`` package (the thirdparty extra); without it only the GRU model runs.
 """
 
@@ -85,26 +86,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
-    print(f"{'model':>6} {'ops/step':>8} {'cpu (ms)':>9} {'tpu (ms)':>9} {'tpu/cpu':>7} {'overhead/op':>11}")
-    ratios = []
+    print(f"{'model':>6} {'ops/step':>8} {'cpu (ms)':>9} {'tpu (ms)':>9} {'recording':>9} {'tpu/cpu':>7} "
+          f"{'recording/cpu':>13}")
+    plain, recorded = [], []
     for name, factory in _models().items():
         cpu, tpu = make(factory, "cpu"), make(factory, "tpu")
         for _ in range(2):
             timed(*cpu)
             timed(*tpu)
-        cpu_times, tpu_times = [], []
-        with tb.recording() as rec:
-            for _ in range(args.steps):         # interleaved: both see the same machine load
-                cpu_times.append(timed(*cpu))
-                tpu_times.append(timed(*tpu))
-        ops = len(rec.trace.of_kind(OpRecord)) // args.steps
-        c, t = statistics.median(cpu_times), statistics.median(tpu_times)
-        diff = statistics.median(b - a for a, b in zip(cpu_times, tpu_times, strict=True))
-        ratios.append(t / c)
-        print(f"{name:>6} {ops:>8} {c * 1e3:9.2f} {t * 1e3:9.2f} {t / c:6.2f}x {diff / max(ops, 1) * 1e6:8.1f} us")
+        cpu_times, tpu_times, recording_times = [], [], []
+        ops = 0
+        for _ in range(args.steps):             # interleaved: all three see the same machine load
+            cpu_times.append(timed(*cpu))
+            tpu_times.append(timed(*tpu))        # plain python, pytest, torchrun: nothing recorded
+            with tb.recording() as rec:          # what `tpusim run` does around the script
+                recording_times.append(timed(*tpu))
+            ops = len(rec.trace.of_kind(OpRecord))
+        c, t, r = (statistics.median(times) for times in (cpu_times, tpu_times, recording_times))
+        plain.append(t / c)
+        recorded.append(r / c)
+        print(f"{name:>6} {ops:>8} {c * 1e3:9.2f} {t * 1e3:9.2f} {r * 1e3:9.2f} {t / c:6.2f}x {r / c:12.2f}x")
     missing = "" if transformers is not None else " (transformers not installed: GPT-2/BERT/T5 skipped)"
-    print(f"training step (AdamW, batch 2 x 12 tokens), recording on; medians of {args.steps} interleaved steps; "
-          f"worst tpu/cpu {max(ratios):.2f}x (target <= 1.2x){missing}")
+    print(f"training step (AdamW, batch 2 x 12 tokens); medians of {args.steps} interleaved steps; worst tpu/cpu "
+          f"{max(plain):.2f}x outside tpusim run (target <= 1.15x), {max(recorded):.2f}x recording, as under "
+          f"tpusim run (target <= 1.5x){missing}")
 
 
 if __name__ == "__main__":

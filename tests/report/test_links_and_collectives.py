@@ -98,3 +98,17 @@ def test_an_idle_network_collective_has_no_contention():
     report = build_report(RunInfo("a.py"), trace, slice_, {"strict": price(trace, topology=slice_)})
     (call,) = report.to_dict()["modes"]["strict"]["collectives"]
     assert call["contention_s"] == 0.0          # alone on an idle network: the DES equals the closed form
+
+
+def test_the_collectives_table_says_when_it_counts_every_rank_and_trace_json_its_window():
+    # Issue 31: under --ranks all the table summed calls over ranks while the header counted one rank's, and
+    # trace.json's link shares (whole program) and report.html's (steady step) disagreed without saying so.
+    from tpusim.report.html import collective_groups
+    from tpusim.report.perfetto import perfetto_trace
+
+    trace, slice_ = tp_trace(), build_slice("3d:4x4x4", "v5p")
+    timeline = price(trace, topology=slice_, mode="strict")
+    mode = build_report(RunInfo("tp.py"), trace, slice_, {"strict": timeline}).modes["strict"]
+    assert collective_groups(mode, 1)["scope"] == ""
+    assert "every process group of the 4 ranks recorded" in collective_groups(mode, 4)["scope"]
+    assert "busy share is over the whole program" in perfetto_trace(timeline, "strict")["otherData"]["note"]

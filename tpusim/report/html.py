@@ -63,8 +63,10 @@ def headline_cards(mode: ModeSection, name: str) -> list[tuple[str, str]]:
     return cards
 
 
-def collective_groups(mode: ModeSection) -> dict[str, Any] | None:
-    """The grouped collectives' table (the first COLLECTIVE_GROUPS_SHOWN groups), or None without collectives."""
+def collective_groups(mode: ModeSection, ranks: int = 1) -> dict[str, Any] | None:
+    """The grouped collectives' table (the first COLLECTIVE_GROUPS_SHOWN groups), or None without collectives;
+    ``ranks`` recorded (--ranks all): the calls are then every process group's, where the page's header counts
+    one rank's, and the table says so."""
     if not mode.collectives:
         return None
     groups = mode.collective_groups
@@ -72,7 +74,9 @@ def collective_groups(mode: ModeSection) -> dict[str, Any] | None:
              seconds_text(g.total_s), seconds_text(g.closed_form_total_s), seconds_text(g.contention_total_s),
              "/".join(g.algorithms), g.source] for g in groups[:COLLECTIVE_GROUPS_SHOWN]]
     return {"rows": rows, "count": len(groups), "calls": sum(g.count for g in groups),
-            "more": max(0, len(groups) - COLLECTIVE_GROUPS_SHOWN)}
+            "more": max(0, len(groups) - COLLECTIVE_GROUPS_SHOWN),
+            "scope": (f", counted over every process group of the {ranks} ranks recorded (the program's collectives "
+                      f"count one rank's)") if ranks > 1 else ""}
 
 
 def busiest_links(mode: ModeSection) -> dict[str, Any] | None:
@@ -146,7 +150,7 @@ def render_html(report: Report, figures: dict[str, Path]) -> str:
         "figures": [{"name": name, "title": title, "image": _image(figures[name]) if name in figures else None}
                     for name, title in FIGURES],
         "links": busiest_links(summary) if summary is not None else None,
-        "groups": collective_groups(summary) if summary is not None else None,
+        "groups": collective_groups(summary, report.program.ranks_recorded) if summary is not None else None,
         "placements": None if placements is None or not placements.ranked else {
             "reason": placements.reason,
             "rows": [[p.placement + (" (default)" if p.placement == placements.default else ""),

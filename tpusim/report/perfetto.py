@@ -61,4 +61,6 @@ def perfetto_trace(timeline: Timeline, mode: str) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"tool": "tpusim", "mode": mode, "policy": timeline.policy,
                           "note": f"one eager mode ({mode}, the fastest priced; report.json has every mode); "
-                                  f"chips simulated: {', '.join(map(str, timeline.chips_simulated))}{stands_for}"}}
+                                  f"chips simulated: {', '.join(map(str, timeline.chips_simulated))}{stands_for}; "
+                                  f"a link track's busy share is over the whole program (report.html's link "
+                                  f"table and heat map: the steady-state step)"}}

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from tpusim.backend import compile as compile_backend
-from tpusim.backend import compiler, debug, fallback, recorder, shim, shutdown, torchtpu, tpu_module
+from tpusim.backend import compiler, debug, fallback, recorder, rnn, shim, shutdown, torchtpu, tpu_module
 from tpusim.backend.config import DeviceConfig, load_config
 from tpusim.backend.state import STATE
 from tpusim.backend.targets import select
@@ -59,6 +59,7 @@ def register(config: DeviceConfig | None = None) -> None:
     compile_backend.install()
     _register_c10d()
     shutdown.install(NAME)
+    rnn.register()                                 # RNN layers outside a recording: CPU's own kernel (rnn.py)
     if cfg.eager_mode is not None:
         eager.set_eager_mode(cfg.eager_mode)
     debug.apply_mode(eager.get_eager_mode())       # TPUSIM_EAGER_MODE is checked here, at import

@@ -141,3 +141,21 @@ def test_sigterm_while_the_script_runs_writes_the_report_of_what_was_recorded(tm
     assert report["interrupted"] == {"script": True, "pricing": False, "not_priced": [], "by": "SIGTERM"}
     assert report["exit_code"] == 143 and report["program"]["ops"] >= 4
     assert "INCOMPLETE: SIGTERM stopped the script" in stdout
+
+
+def test_a_rerun_into_the_same_out_holds_only_its_own_files(tmp_path):
+    # Issue 32, row 6: a rerun wrote its report.json beside the earlier run's trace.json and figures (the
+    # summary pointed at them). An earlier run's set is removed; the user's own files stay.
+    out = tmp_path / "out"
+    (out / "ranks").mkdir(parents=True)
+    stale = {"links.png": b"old", "placements.png": b"old", "trace.json": b"{}", "program.jsonl": b"",
+             "ranks/rank1.jsonl": b""}
+    for name, data in stale.items():
+        (out / name).write_bytes(data)
+    (out / "notes.txt").write_text("mine")
+    result = tpusim("run", script(tmp_path, ""), "--quiet", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "replaced an earlier run's report" in result.stderr
+    assert not (out / "links.png").exists() and not (out / "placements.png").exists() and not (out / "ranks").exists()
+    assert (out / "notes.txt").read_text() == "mine"
+    assert (out / "trace.json").stat().st_size > 2 and (out / "program.jsonl").stat().st_size > 0

@@ -115,6 +115,26 @@ def claim_folder(folder: Path, flag: str = "--out") -> FolderClaim:
     return FolderClaim(folder, fd)
 
 
+def clear_earlier_run(folder: Path, files: tuple[str, ...], folders: tuple[str, ...] = ()) -> list[str]:
+    """Remove an earlier run's ``files`` and ``folders`` (names tpusim writes) from a claimed ``folder``, so it
+    holds one run's files: a rerun into the same --out wrote its report.json beside the old trace.json and
+    figures, and the summary pointed at them. Nothing else in the folder is touched. Returns what went."""
+    import shutil
+
+    removed = []
+    for name in files:
+        path = folder / name
+        if path.is_file() or path.is_symlink():
+            path.unlink()
+            removed.append(name)
+    for name in folders:
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+            removed.append(name + "/")
+    return removed
+
+
 def claim_new_folder(base: Path) -> FolderClaim:
     """A fresh folder named ``base``, or ``base-2``, ``base-3``, ... when that name is taken (by an earlier
     run in the same second, or one running now), created and claimed."""

@@ -24,7 +24,21 @@ from tpusim.report.perfetto import perfetto_trace
 from tpusim.report.schema import Report, json_schema, report_json
 from tpusim.report.summary import summary_table
 
-__all__ = ["READ_VERSIONS", "Interrupted", "Measured", "Report", "RunInfo", "build_report", "incomplete_reason",
+# What a run writes into its report folder (a rerun removes an earlier run's set first: tpusim/output.py).
+# Adding a file a run writes = one name here.
+RUN_FILES = ("report.json", "report.schema.json", "report.html", "trace.json", "program.jsonl")
+RUN_FOLDERS = ("ranks",)        # --ranks all: each rank's trace
+
+
+def run_files() -> tuple[str, ...]:
+    """Every file name a run writes into its report folder, figures included."""
+    from tpusim.report.plots import FIGURES
+
+    return (*RUN_FILES, *(f"{name}.png" for name in FIGURES))
+
+
+__all__ = ["RUN_FILES", "RUN_FOLDERS", "run_files", "READ_VERSIONS", "Interrupted", "Measured", "Report", "RunInfo",
+           "build_report", "incomplete_reason",
            "json_schema", "load_report", "measured_section", "report_json", "summary_table", "write_atomic",
            "write_report"]
 

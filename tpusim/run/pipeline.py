@@ -110,14 +110,19 @@ def run_pipeline(options: RunOptions) -> RunResult:
 def _claim_out_dir(out: str | None, script: Path, spec: str):
     """--out checked (a folder, creatable, writable) and claimed for this run before the script runs; without
     --out a fresh folder under reports/."""
-    from tpusim.output import claim_folder, claim_new_folder, prepare_folder
+    from tpusim.output import claim_folder, claim_new_folder, clear_earlier_run, prepare_folder
+    from tpusim.report import RUN_FOLDERS, run_files
 
     if out is None:
         return claim_new_folder(default_out_dir(script, spec))
     plain_text(out, "--out", "give a folder for the report, e.g. reports/my-run", max_length=4096, ascii_only=False)
     if not out.strip():                     # '' would be the current folder: the report among the user's files
         raise TpusimError("--out '' names no folder; give a folder for the report, e.g. reports/my-run")
-    return claim_folder(prepare_folder(out))
+    claim = claim_folder(prepare_folder(out))
+    removed = clear_earlier_run(claim.folder, run_files(), RUN_FOLDERS)   # one run's files per folder (issue 32)
+    if removed:
+        print(f"tpusim: --out {out}: replaced an earlier run's report ({', '.join(removed)})", file=sys.stderr)
+    return claim
 
 
 def _record_and_report(options: RunOptions, script: Path, slice_, device: JaxDevice | None, chip_from: str,

@@ -4,6 +4,7 @@ Pareto front against its definition, and the files written."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import subprocess
@@ -163,3 +164,34 @@ def test_the_command_line_writes_the_table_and_says_what_failed(recording: Path,
     bad = subprocess.run([sys.executable, "-m", "tpusim", "sweep", str(tmp_path / "nowhere"), "--chip", "v5p"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no program.jsonl there" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("answer", [None, b"HTTP/1.1 200 OK\r\n\r\n" + b"\xff" * 64], ids=["silent", "garbage"])
+def test_a_scheduler_that_does_not_answer_is_one_error_in_bounded_time(monkeypatch, answer) -> None:
+    # Issue 32, row 5: a peer that accepted and never answered hung `tpusim sweep --scheduler` forever; one that
+    # answered with other bytes made Dask try to allocate exabytes (a raw _ArrayMemoryError).
+    import socket
+    import threading
+    import time
+
+    from tpusim.sweep import cluster
+
+    monkeypatch.setattr(cluster, "ANSWER_S", 3.0)
+    server = socket.create_server(("127.0.0.1", 0))
+    held = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                held.append(conn)
+                if answer:
+                    conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    began = time.monotonic()
+    with pytest.raises(TpusimError, match="Dask scheduler at 'tcp://127.0.0.1:"):
+        with cluster.dask_client(f"tcp://127.0.0.1:{server.getsockname()[1]}"):
+            pass
+    assert time.monotonic() - began < 20
+    server.close()

@@ -4,7 +4,9 @@
 script and its arguments, ``sys.path[0]`` its folder, ``__name__ == "__main__"``. An
 exception in the script is returned as the user's traceback (frames from tpusim and
 runpy removed), never raised through our internals, so the caller can still write a
-partial report. SIGTERM and SIGHUP (``signals_stop_the_script``) stop a script as Ctrl-C does.
+partial report. SIGTERM and SIGHUP (``signals_stop_the_script``) stop a script as Ctrl-C does;
+``os._exit(n)`` ends it as ``sys.exit(n)`` would (it ended tpusim with it, before anything was written), and a
+child the script forked never returns into tpusim (it wrote a second report over the parent's).
 """
 
 from __future__ import annotations
@@ -63,6 +65,32 @@ def _raise_signalled(signum: int, frame: object) -> None:
     raise Signalled(signum)
 
 
+class ScriptExited(BaseException):
+    """The script called ``os._exit(code)``: it ends here, and the run goes on to price what it recorded."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@contextmanager
+def exits_end_only_the_script() -> Iterator[int]:
+    """While the script runs, ``os._exit`` in this process raises ``ScriptExited`` (a forked child's
+    ``os._exit`` is its own and exits it); yields this process's id, so a forked child can be told apart."""
+    parent, real_exit = os.getpid(), os._exit
+
+    def _exit(code: int) -> None:
+        if os.getpid() != parent:
+            real_exit(code)
+        raise ScriptExited(code)
+
+    os._exit = _exit
+    try:
+        yield parent
+    finally:
+        os._exit = real_exit
+
+
 @dataclass(frozen=True)
 class ScriptOutcome:
     exit_code: int                 # what `python script.py` would have exited with
@@ -95,9 +123,19 @@ def run_script(path: str | Path, argv: list[str]) -> ScriptOutcome:
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [str(script), *argv]
     sys.path.insert(0, str(script.parent))
+    real_exit = os._exit
     try:
-        runpy.run_path(str(script), run_name="__main__")
+        with exits_end_only_the_script() as parent:
+            try:
+                runpy.run_path(str(script), run_name="__main__")
+            finally:
+                if os.getpid() != parent:   # a child the script forked, at the script's end: it ends here
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    real_exit(0)
         return ScriptOutcome(exit_code=0)
+    except ScriptExited as stop:
+        return ScriptOutcome(exit_code=stop.code & 0xFF)
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if stop.code is not None and not isinstance(stop.code, int):

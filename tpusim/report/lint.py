@@ -200,9 +200,11 @@ def eager_graphs(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> lis
 
 
 def uses_one_chip(trace: Trace) -> bool:
-    """A program that ran no collective and built no device mesh (no process group in use) runs on one chip,
-    whatever the slice: the slice's other chips idle."""
-    return not trace.meta.meshes and not any(isinstance(r, CollectiveRecord) for r in trace.records)
+    """A program that ran no collective, built no device mesh and ran as one process (no process group in use)
+    runs on one chip, whatever the slice: the slice's other chips idle."""
+    if trace.meta.meshes or len(trace.meta.ranks_recorded or ()) > 1:
+        return False
+    return not any(isinstance(r, CollectiveRecord) for r in trace.records)
 
 
 def idle_chips(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:

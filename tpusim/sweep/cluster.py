@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,12 +41,7 @@ def dask_client(scheduler: str | None = None, workers: int | None = None) -> Ite
                           "pyarrow)") from None
     address = scheduler_address(scheduler)
     if address:
-        try:
-            client = Client(address, timeout="15s")
-        except (OSError, TimeoutError, ValueError) as error:
-            raise TpusimError(f"cannot reach the Dask scheduler at {address!r} ({error}); start one with "
-                              f"`dask scheduler` or leave --scheduler and {SCHEDULER_ENV} unset for a local "
-                              f"cluster") from None
+        client = _connect(Client, address)
         with client:
             yield client
         return
@@ -53,6 +49,37 @@ def dask_client(scheduler: str | None = None, workers: int | None = None) -> Ite
     with LocalCluster(n_workers=count, threads_per_worker=1, processes=True, dashboard_address=None,
                       silence_logs=40) as cluster, Client(cluster) as client:
         yield client
+
+
+ANSWER_S = 30.0    # a scheduler that has not completed Dask's handshake by then is not one (issue 32, row 5)
+
+
+def _connect(client_class: Any, address: str) -> Any:
+    """A Client connected to ``address`` within ``ANSWER_S``, else one TpusimError. Dask's own timeout covers
+    the TCP connect only: a peer that accepts and never answers hung the sweep forever, and one that answers
+    with other bytes made Dask try to allocate exabytes. The connect runs in a daemon thread, left behind
+    when it overruns."""
+    outcome: dict[str, Any] = {}
+
+    def connect() -> None:
+        try:
+            outcome["client"] = client_class(address, timeout="15s")
+        except BaseException as error:       # OSError, TimeoutError, MemoryError from a garbled answer, ...
+            outcome["error"] = error
+
+    thread = threading.Thread(target=connect, name="tpusim-dask-connect", daemon=True)
+    thread.start()
+    thread.join(ANSWER_S)
+    hint = (f"start one with `dask scheduler`, or leave --scheduler and {SCHEDULER_ENV} unset for a local "
+            f"cluster")
+    if thread.is_alive():
+        raise TpusimError(f"the Dask scheduler at {address!r} accepted the connection but did not answer within "
+                          f"{ANSWER_S:.0f} s (is it a Dask scheduler?); {hint}")
+    if "error" in outcome:
+        error = outcome["error"]
+        raise TpusimError(f"cannot reach the Dask scheduler at {address!r} ({type(error).__name__}: "
+                          f"{str(error)[:200]}); {hint}")
+    return outcome["client"]
 
 
 def failed_row(point: Point, error: BaseException | str, status: str = "failed") -> dict[str, Any]:

@@ -166,6 +166,8 @@ def test_random_bytes_are_a_tpusim_error(tmp_path, data):
 @given(cut=st.integers(0, 10**6))
 def test_a_trace_cut_anywhere_is_refused(tmp_path, trace_bytes, cut):
     cut %= len(trace_bytes)             # every proper prefix, including cuts at line ends
+    if trace_bytes[:cut] == trace_bytes.rstrip(b"\n"):
+        return                          # only the last newline cut: every record is whole (found by hypothesis)
     assert read_bytes_as_trace(tmp_path, trace_bytes[:cut]) is None
 
 

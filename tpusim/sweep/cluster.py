@@ -46,11 +46,14 @@ def dask_client(scheduler: str | None = None, workers: int | None = None) -> Ite
             yield client
         return
     count = workers or max(1, min(4, os.cpu_count() or 1))
-    with LocalCluster(n_workers=count, threads_per_worker=1, processes=True, dashboard_address=None,
-                      silence_logs=40) as cluster, Client(cluster) as client:
+    # loopback only, on ports the system picks: Dask's HTTP server (health routes) starts whatever
+    # dashboard_address says, and with None took Dask's own port 8787 (issue 32, row 10)
+    with LocalCluster(n_workers=count, threads_per_worker=1, processes=True, host=LOOPBACK,
+                      dashboard_address=f"{LOOPBACK}:0", silence_logs=40) as cluster, Client(cluster) as client:
         yield client
 
 
+LOOPBACK = "127.0.0.1"
 ANSWER_S = 30.0    # a scheduler that has not completed Dask's handshake by then is not one (issue 32, row 5)
 
 

@@ -44,3 +44,15 @@ def test_nothing_to_compare_is_a_clear_error(tmp_path, capsys):
     assert main(["compare", str(a)]) == 2
     assert "nothing to compare" in capsys.readouterr().err
     assert main(["compare", str(tmp_path / "missing"), str(a)]) == 2
+
+
+def test_a_script_name_with_terminal_escapes_is_printed_escaped(tmp_path, capsys):
+    # Issue 32, row 10: compare echoed a report's script name raw, terminal escape sequences and all.
+    a = write_run(tmp_path / "a", "v5p", "3d:1x1x1")
+    b = write_run(tmp_path / "b", "v5e", "2d:1x1")
+    report = json.loads((b / "report.json").read_text())
+    report["run"]["script"] = "evil\x1b[2J\x1b[31m.py"
+    (b / "report.json").write_text(json.dumps(report))
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "evil\\x1b[2J\\x1b[31m.py" in out

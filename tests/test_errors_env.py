@@ -63,6 +63,8 @@ def test_seconds_must_be_finite_and_positive(x):
     ({"TPUSIM_RANKS": "some"}, "TPUSIM_RANKS='some'; accepted: one, all"),
     ({"TPUSIM_EAGER_MODE": "lazy"}, "TPUSIM_EAGER_MODE='lazy': unknown eager mode 'lazy'; accepted: debug, strict"),
     ({"TPUSIM_TOPOLOGIES": "/no/such/folder"}, "TPUSIM_TOPOLOGIES='/no/such/folder'; accepted: an existing folder"),
+    ({"TPUSIM_CHIP": "nosuch"}, "TPUSIM_CHIP='nosuch': unknown chip 'nosuch'"),       # issue 32, row 10: ignored
+    ({"TPUSIM_NUMERICS": "maybe"}, "TPUSIM_NUMERICS='maybe'; accepted: on, off"),
 ])
 def test_tpusim_run_refuses_a_bad_variable_before_the_device_loads(capsys, monkeypatch, environ, expected):
     for name, value in environ.items():

@@ -169,6 +169,15 @@ def test_negative_bandwidth_is_refused(tmp_path):
     assert "ici_link_bytes_per_s" in message and "> 0" in message and "negative" in message
 
 
+@pytest.mark.parametrize("value", ["5e-324", "1e-300", "1e300"])
+def test_a_value_no_chip_has_is_refused(tmp_path, value):
+    # Issue 32, row 10: a bandwidth of 5e-324 B/s passed "finite and > 0" and priced every op at nan ns (bare
+    # NaN in report.json, a crash before report.html).
+    link = "[ici_link_bytes_per_s]\nvalue = "
+    message = load_error(write(tmp_path, good_toml().replace(link + "9e10", link + value)))
+    assert "ici_link_bytes_per_s" in message and "outside 1e-15..1e+24" in message
+
+
 def test_zero_is_refused_except_for_sparsecore_fields(tmp_path):
     text = good_toml().replace("[clock_hz]\nvalue = 1.75e9", "[clock_hz]\nvalue = 0")
     assert "clock_hz" in load_error(write(tmp_path, text))

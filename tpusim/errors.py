@@ -19,6 +19,12 @@ def shown(text: object, limit: int = 80) -> str:
     return quoted if len(quoted) <= limit else quoted[:limit - 4] + "...'"
 
 
+def printable(text: str) -> str:
+    """``text`` with every control character escaped (``\\x1b``): text read from a file (a report's script name)
+    printed to a terminal must not move its cursor or recolour it."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 def plain_text(text: object, what: str, accepted: str, max_length: int = 256, ascii_only: bool = True) -> str:
     """``text`` when it is printable ASCII (any printable text with ``ascii_only=False``, e.g. a file path)
     of at most ``max_length`` characters; otherwise a TpusimError that names ``what``, shows the text

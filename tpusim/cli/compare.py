@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tpusim.errors import TpusimError
+from tpusim.errors import TpusimError, printable
 from tpusim.report.text import percent_text, resolved, seconds_text
 from tpusim.units import format_bytes
 
@@ -186,8 +186,8 @@ def run(args: argparse.Namespace) -> int:
                          indent=1))
         return 0
     for note in found:
-        print(f"note: {note}")
-    head_a, head_b = f"A: {label(a)}", f"B: {label(b)}"
+        print(printable(f"note: {note}"))          # a report's script name may hold terminal escapes
+    head_a, head_b = printable(f"A: {label(a)}"), printable(f"B: {label(b)}")
     width_a = max(len(head_a), *(len(r["a_text"]) for r in rows))
     width_b = max(len(head_b), *(len(r["b_text"]) for r in rows))
     print(f"{'mode':8} {'metric':20} {head_a:>{width_a}} {head_b:>{width_b}}    B/A")

@@ -323,6 +323,9 @@ def _convert(path: str, key: str, raw: object, kind: object) -> object:
     return _number(where, key, raw, kind)
 
 
+SMALLEST, LARGEST = 1e-15, 1e24   # a femtosecond; a yottabyte per second: any chip's figure lies between
+
+
 def _number(where: str, key: str, raw: object, kind: type) -> int | float:
     if isinstance(raw, bool) or not isinstance(raw, int | float):
         raise TpusimError(f"{where} must be a number, not {raw!r}")
@@ -334,6 +337,9 @@ def _number(where: str, key: str, raw: object, kind: type) -> int | float:
         bound = ">= 0" if zero_ok else "> 0"
         raise TpusimError(f"{where} is {raw:g}: must be {bound} ({what} cannot be negative"
                           f"{'' if zero_ok else ' or zero'})")
+    if raw and not SMALLEST <= raw <= LARGEST:   # 5e-324 B/s passed "> 0" and priced every op at nan ns
+        raise TpusimError(f"{where} is {raw:g}: outside {SMALLEST:g}..{LARGEST:g}, where every quantity of a chip "
+                          f"lies (in seconds, bytes, FLOP/s, bytes/s or counts)")
     if kind is int:
         if float(raw) != int(raw):
             raise TpusimError(f"{where} must be a whole number, not {raw!r}")

@@ -79,7 +79,9 @@ def run_pipeline(options: RunOptions) -> RunResult:
 
     if use_compiler(options.compiler):           # the recording keeps each eager op's program (before any op runs)
         os.environ["TPUSIM_XLA_OPS"] = "1"
-    envvars.check(skip=("TPUSIM_CHIP", "TPUSIM_NUMERICS"))   # before the device loads (run sets these two)
+    # before the device loads; TPUSIM_CHIP and TPUSIM_NUMERICS too (run sets them from its flags, but a bad value
+    # the user set was silently ignored, where the docs say a bad variable stops at once: issue 32, row 10)
+    envvars.check()
     progress = Progress(options.quiet)
     device = _jax_device(options, progress) if options.target == "pjrt" else None
     chip_arg, chip_from = _chip_choice(options.chip, device)

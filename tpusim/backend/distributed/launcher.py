@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from typing import TextIO
 
 import torch.distributed as dist
 
-from tpusim.backend.distributed.env import loopback_listener, torchrun_env
+from tpusim.backend.distributed.env import control_prefix, loopback_listener, torchrun_env
 
 GRACE_S = 10.0
 
@@ -80,7 +81,8 @@ def launch(script: str | Path, argv: list[str], world: int, chips_per_host: int,
     port = listener.getsockname()[1]
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=60), master_listen_fd=listener.fileno())
-    control = dist.PrefixStore("tpusim-control/", store)
+    token = secrets.token_hex(16)           # the control keys' secret prefix: this run's ranks alone know it
+    control = dist.PrefixStore(control_prefix(token), store)
     lock = threading.Lock()
     procs, readers, traces = [], [], []
     result = LaunchResult(exit_codes=[0] * world, traces=traces)
@@ -90,6 +92,7 @@ def launch(script: str | Path, argv: list[str], world: int, chips_per_host: int,
             traces.append(trace)
             child_env = {**os.environ, **(env or {}), **torchrun_env(rank, world, chips_per_host, "all", port),
                          "TORCHELASTIC_USE_AGENT_STORE": "True", "TPUSIM_CONTROL": f"127.0.0.1:{port}",
+                         "TPUSIM_CONTROL_TOKEN": token,
                          "TPUSIM_LAUNCHED": "1", "PYTHONUNBUFFERED": "1"}
             proc = subprocess.Popen([sys.executable, "-m", "tpusim.backend.distributed.worker", "--trace",
                                      str(trace), str(script), *argv], env=child_env, stdout=subprocess.PIPE,

@@ -197,27 +197,27 @@ def test_a_scheduler_that_does_not_answer_is_one_error_in_bounded_time(monkeypat
     server.close()
 
 
-def _listening() -> set[tuple[str, int]]:
-    """(address, port) of every TCP socket this process and its children listen on (psutil: the kernel's view)."""
-    import psutil
-
+LISTENING = """
+import json, psutil
+from tpusim.sweep.cluster import dask_client
+with dask_client(None, workers=1):
     me = psutil.Process()
     found = set()
     for process in (me, *me.children(recursive=True)):
-        try:
-            connections = process.net_connections(kind="tcp")
-        except psutil.Error:
-            continue
-        found |= {(c.laddr.ip, c.laddr.port) for c in connections if c.status == psutil.CONN_LISTEN}
-    return found
+        found |= {(c.laddr.ip, c.laddr.port) for c in process.net_connections(kind="tcp")
+                  if c.status == psutil.CONN_LISTEN}
+print(json.dumps(sorted(found)))
+"""
 
 
 def test_the_local_cluster_listens_on_loopback_only() -> None:
     # Issue 32, row 10: a dashboard was served on Dask's own port 8787 although the code asked for none (a user's
     # own Dask dashboard there made the sweep fail or share it); every socket on loopback, on ports the system picks.
-    from tpusim.sweep.cluster import dask_client
+    # In a process of its own: the clusters other tests hold in this one listen where their fixtures say.
+    import json
 
-    with dask_client(None, workers=1):
-        opened = _listening()
+    done = subprocess.run([sys.executable, "-c", LISTENING], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    opened = {tuple(pair) for pair in json.loads(done.stdout.strip().splitlines()[-1])}
     assert len(opened) >= 2                          # the scheduler and its HTTP server at least
     assert {address for address, _ in opened} == {"127.0.0.1"} and 8787 not in {port for _, port in opened}, opened

@@ -271,3 +271,15 @@ def test_topologies_folder_can_be_overridden(tmp_path, monkeypatch):
     assert chips_dir() == tmp_path / "chips"
     with pytest.raises(TpusimError, match="available chips: v5p"):
         load_chip("v4")
+
+
+def test_a_chip_file_that_is_not_utf8_is_one_line_and_the_others_are_listed(tmp_path, monkeypatch):
+    # Issue 32, row 9: a raw UnicodeDecodeError, and one such file in the chips folder broke `tpusim chips`.
+    (tmp_path / "chips").mkdir()
+    write(tmp_path / "chips", good_toml())
+    (tmp_path / "chips" / "broken.toml").write_bytes(b'[name]\nvalue = "\xff\xfe"\n')
+    monkeypatch.setenv("TPUSIM_TOPOLOGIES", str(tmp_path))
+    with pytest.raises(TpusimError, match="broken.toml: not UTF-8 text"):
+        load_chip(str(tmp_path / "chips" / "broken.toml"))
+    table = format_chips_table()
+    assert "v5p" in table and table.splitlines()[-1].startswith("skipped broken: ")

@@ -3,6 +3,7 @@
 import argparse
 import dataclasses
 import json
+import sys
 
 EXAMPLES = """\
 examples:
@@ -21,12 +22,13 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tpusim.cli.chips_table import format_chips_table
-    from tpusim.hardware.spec import available_chips, load_chip
+    from tpusim.cli.chips_table import format_chips_table, loadable_chips
 
     if args.json:
-        chips = {name: dataclasses.asdict(load_chip(name)) for name in available_chips()}
-        print(json.dumps(chips, indent=2, sort_keys=True))
+        chips, problems = loadable_chips()
+        print(json.dumps({chip.name: dataclasses.asdict(chip) for chip in chips}, indent=2, sort_keys=True))
+        for problem in problems:
+            print(problem, file=sys.stderr)
     else:
         print(format_chips_table())
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tpusim.errors import TpusimError
 from tpusim.hardware.spec import ChipSpec, available_chips, chip_sources, chips_dir, is_estimate, load_chip
 
 ESTIMATE_MARK = "~"
@@ -28,12 +29,25 @@ _COLUMNS: list[_Column] = [
 ]
 
 
+def loadable_chips() -> tuple[list[ChipSpec], list[str]]:
+    """Every chip file of the folder that loads, and one line per file that does not (issue 32, row 9: one
+    broken file made `tpusim chips` list nothing)."""
+    chips, problems = [], []
+    for name in available_chips():
+        try:
+            chips.append(load_chip(name))
+        except TpusimError as error:
+            problems.append(f"skipped {name}: {error}")
+    return chips, problems
+
+
 def format_chips_table() -> str:
-    """One row per chip file, a legend, and a numbered list of the documents the values come from."""
-    names = available_chips()
-    if not names:
-        return f"no chip files found in {chips_dir()}"
-    chips = [load_chip(name) for name in names]
+    """One row per chip file, a legend, and a numbered list of the documents the values come from; a file that
+    does not load is one line at the end."""
+    chips, problems = loadable_chips()
+    if not chips:
+        return "\n".join([f"no chip files found in {chips_dir()}", *problems])
+    names = [chip.name for chip in chips]
     sources = {name: chip_sources(name) for name in names}
 
     # every cell ends in the mark or a space, so right-aligned numbers stay aligned on their digits
@@ -49,6 +63,7 @@ def format_chips_table() -> str:
                  f"every value's source or reasoning: {chips_dir()}/<chip>.toml")
     lines.append("")
     lines.extend(_sources_lines(names, sources))
+    lines.extend(problems)
     return "\n".join(lines)
 
 

@@ -224,6 +224,9 @@ def _load_file(path: str) -> tuple[ChipSpec, dict[str, str]]:
             data = tomllib.load(handle)
     except tomllib.TOMLDecodeError as error:
         raise TpusimError(f"{path}: not valid TOML: {error}") from None
+    except UnicodeDecodeError as error:          # TOML is UTF-8 (issue 32, row 9: a raw UnicodeDecodeError)
+        raise TpusimError(f"{path}: not UTF-8 text (byte {error.object[error.start]:#04x} at offset {error.start}); "
+                          f"a chip file is TOML, which is UTF-8") from None
     except OSError as error:
         raise TpusimError(f"{path}: cannot read: {error.strerror}") from None
 

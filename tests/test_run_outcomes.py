@@ -180,3 +180,12 @@ def test_a_forked_child_does_not_write_a_second_report(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "child at the end" in result.stdout
     assert result.stdout.count("report: ") == 1
+
+
+def test_a_script_that_closes_stdout_still_gets_its_summary(tmp_path):
+    # Issue 32, row 9: the summary died in "ValueError: I/O operation on closed file".
+    result = tpusim("run", script(tmp_path, "import sys\nprint('bye')\nsys.stdout.close()\n"), "--out",
+                    str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    assert "bye" in result.stdout and "report: " in result.stdout and "Traceback" not in result.stderr
+    assert report_of(tmp_path / "out")["complete"] is True

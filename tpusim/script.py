@@ -149,6 +149,17 @@ def run_script(path: str | Path, argv: list[str]) -> ScriptOutcome:
         return ScriptOutcome(exit_code=1, error=user_traceback(error), error_type=type(error).__name__)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+        _reopen_closed_streams()
+
+
+def _reopen_closed_streams() -> None:
+    """A script that closed sys.stdout or sys.stderr (issue 32, row 9: the summary then died in a ValueError):
+    Python's own streams never close their file descriptors, so tpusim writes to fresh streams on them."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        if stream is None or stream.closed:
+            setattr(sys, name, open(fd, "w", closefd=False, buffering=1, encoding="utf-8",  # noqa: SIM115
+                                    errors="backslashreplace"))
 
 
 def user_traceback(error: BaseException) -> str:

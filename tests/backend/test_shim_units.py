@@ -7,6 +7,8 @@ at run time), and one in two units would fail to link only on a fresh build.
 from __future__ import annotations
 
 import re
+import tempfile
+from pathlib import Path
 
 from tpusim.backend import shim
 
@@ -29,3 +31,12 @@ def test_the_build_is_keyed_by_every_file_in_csrc(tmp_path, monkeypatch) -> None
     header = tmp_path / "tpu_shim.h"
     header.write_text(header.read_text() + "\n// edited\n")
     assert shim._digest() != before
+
+
+def test_a_cache_folder_that_cannot_be_written_falls_back_to_the_temporary_folder(capsys) -> None:
+    # Issue 32, row 9: a read-only home made `import torch` fail with a raw PermissionError (no shim cache).
+    # /dev/null/... cannot be created by anyone, root included.
+    wanted = Path("/dev/null/tpusim/shim-test")
+    got = shim._writable(wanted)
+    assert got.is_dir() and got.name == "shim-test" and str(got).startswith(tempfile.gettempdir())
+    assert "cannot write the shim cache /dev/null/tpusim" in capsys.readouterr().err

@@ -16,6 +16,7 @@ import importlib.util
 import os
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -63,13 +64,36 @@ def load() -> ModuleType:
     done_marker = build_dir / "ok"
     if library.exists() and done_marker.exists():
         return _import_file(name, library)
-    build_dir.mkdir(parents=True, exist_ok=True)
+    build_dir = _writable(build_dir)
+    library, done_marker = build_dir / f"{name}.so", build_dir / "ok"
+    if library.exists() and done_marker.exists():
+        return _import_file(name, library)
     # one build at a time (pytest -n, --ranks all): the others wait, then load it (torch's own baton is "lock")
     with open(build_dir / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if library.exists() and done_marker.exists():
             return _import_file(name, library)
         return _build(name, build_dir, done_marker)
+
+
+def _writable(build_dir: Path) -> Path:
+    """``build_dir``, created; where it cannot be (a read-only home: issue 32, row 9, a raw PermissionError at
+    ``import torch``), the same folder under this user's temporary directory, with one line saying so."""
+    try:
+        build_dir.mkdir(parents=True, exist_ok=True)
+        return build_dir
+    except OSError as error:
+        fallback = Path(tempfile.gettempdir()) / f"tpusim-{os.getuid()}" / build_dir.name
+        if not (fallback / "ok").exists():         # said once, when it builds there
+            print(f"tpusim: cannot write the shim cache {build_dir.parent} ({error.strerror}); building in "
+                  f"{fallback} (set TORCH_EXTENSIONS_DIR to a writable folder to keep it)", file=sys.stderr)
+        try:
+            fallback.mkdir(parents=True, exist_ok=True)
+        except OSError as second:
+            raise RuntimeError(f"tpusim: no writable folder for the tpu device shim ({build_dir.parent}: "
+                               f"{error.strerror}; {fallback.parent}: {second.strerror}); set "
+                               f"TORCH_EXTENSIONS_DIR to a writable folder") from None
+        return fallback
 
 
 def _build(name: str, build_dir: Path, done_marker: Path) -> ModuleType:

@@ -46,9 +46,10 @@ def _kernel(overload: torch._ops.OpOverload):
         if not _fast(input, hidden, params):
             # ATen's own C++ decomposition (OpOverload.decompose would take torch._decomp's Python one)
             return overload._op_dk(_COMPOSITE, input, hx, params, *flags)
-        results = _HostRnn.apply(overload, isinstance(hx, (list, tuple)), len(hidden), flags, input, *hidden,
-                                 *params)
-        return tuple(results)
+        listed = isinstance(hx, (list, tuple))
+        if not (torch.is_grad_enabled() and any(t.requires_grad for t in (input, *hidden, *params))):
+            return _HostRnn.run(overload, listed, len(hidden), flags, (input, *hidden, *params), graph=False)[1]
+        return tuple(_HostRnn.apply(overload, listed, len(hidden), flags, input, *hidden, *params))
     return kernel
 
 
@@ -67,16 +68,23 @@ class _HostRnn(torch.autograd.Function):
     """CPU's RNN op on host aliases; the device sees one op whose backward is CPU autograd's."""
 
     @staticmethod
-    def forward(ctx, overload, hx_is_list, hidden_count, flags, *tensors):  # noqa: ANN001, ANN205
+    def run(overload, hx_is_list, hidden_count, flags, tensors, graph):  # noqa: ANN001, ANN205
+        """CPU's op on the tensors' host aliases (under CPU autograd when ``graph``): (the CPU graph's outputs
+        and leaves, the results as device tensors)."""
         device = tensors[0].device
-        hosts = [STATE.shim.host_alias(t).detach().requires_grad_(t.requires_grad) for t in tensors]
+        hosts = [STATE.shim.host_alias(t).detach().requires_grad_(graph and t.requires_grad) for t in tensors]
         input_, hidden, params = hosts[0], hosts[1:1 + hidden_count], hosts[1 + hidden_count:]
-        with torch.enable_grad(), _device_generator(device):
+        with torch.set_grad_enabled(graph), _device_generator(device):
             outputs = overload(input_, hidden if hx_is_list else hidden[0], params, *flags)
-        ctx.graph = (outputs, hosts)
+        results = tuple(STATE.shim.to_device([o.detach()], device.index or 0)[0] for o in outputs)
+        return (outputs, hosts), results
+
+    @staticmethod
+    def forward(ctx, overload, hx_is_list, hidden_count, flags, *tensors):  # noqa: ANN001, ANN205
+        ctx.graph, results = _HostRnn.run(overload, hx_is_list, hidden_count, flags, tensors, graph=True)
         ctx.keep = tensors                    # the device memory the host aliases point into, until backward
-        ctx.device = device
-        return tuple(STATE.shim.to_device([o.detach()], device.index or 0)[0] for o in outputs)
+        ctx.device = tensors[0].device
+        return results
 
     @staticmethod
     def backward(ctx, *grads):  # noqa: ANN001, ANN205

@@ -51,3 +51,42 @@ def test_a_signature_seen_with_its_output_passed_twice_is_replayed_right_in_shap
         print("ok")
     """, env={"TPUSIM_NUMERICS": "off"})
     assert result.returncode == 0 and result.stdout.split()[-1] == "ok", result.stderr[-2000:]
+
+
+def _inplace_broadcast_samples() -> list:
+    """(name, op, sample) for every OpInfo op with an in-place variant and each of its float32 samples whose
+    input must broadcast: CPU refuses those in place (issue 31: every in-place sample behaves as on CPU)."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    found = []
+    for op in op_db:
+        if op.inplace_variant is None or torch.float32 not in op.supported_dtypes("cpu"):
+            continue
+        try:
+            samples = [s for s in op.sample_inputs("cpu", torch.float32) if s.broadcasts_input]
+        except Exception:               # a sample generator that needs what this build lacks
+            continue
+        found += [(f"{op.name}{'.' + op.variant_test_name if op.variant_test_name else ''}", op, s)
+                  for s in samples]
+    return found
+
+
+def test_every_opinfo_inplace_sample_that_must_broadcast_fails_as_on_cpu() -> None:
+    # addr_ resized where CPU raised: CPU's check compares C++ references, which a boxed call cannot keep
+    # (tpusim/backend/fallback.py CPU_COMPOSITES).
+    samples = _inplace_broadcast_samples()
+    assert len(samples) >= 50
+    different = []
+    for name, op, sample in samples:
+        outcomes = []
+        for device in ("cpu", "tpu"):
+            moved = sample.transform(lambda t, d=device: t.to(d) if isinstance(t, torch.Tensor) else t)
+            x = moved.input.clone()
+            try:
+                op.inplace_variant(x, *moved.args, **moved.kwargs)
+                outcomes.append(("ran", tuple(x.shape)))
+            except Exception as error:
+                outcomes.append((type(error).__name__, tuple(x.shape)))
+        if outcomes[0] != outcomes[1]:
+            different.append((name, outcomes))
+    assert different == []

@@ -296,6 +296,13 @@ def native_plan(name: str) -> tuple:
             [i for i, kind in kinds if kind == DTYPE], facts.returns_view, plan.random, generator, native_ok)
 
 
+# In-place composites whose CPU behaviour hangs on C++ reference identity, which a boxed call cannot keep:
+# CPU's addr_ calls addr_out(self, self, ...), whose kernel refuses a self of the wrong shape only when its
+# output *is* its input (&result == &self); boxed, the two are copies, so "tpu" resized x.addr_(v1, v2) where
+# CPU raises. Run as CPU's own op on the host alias, they behave as on CPU. Adding one = one name here.
+CPU_COMPOSITES = ("aten::addr_",)
+
+
 def composite_shadowed() -> list[str]:
     """The aten overloads whose CompositeExplicitAutograd kernel would run on tpu in place of the fallback
     although CPU has a kernel of its own (native_layer_norm, native_group_norm, addr, _stack, all/any.dims,
@@ -317,6 +324,6 @@ def install() -> None:
     module = shim.load()                         # STATE.shim is set once registration is done
     source.install(module)
     module.install_fallback(fallback, native_plan, recorder.shaped_cost)
-    names = dict.fromkeys((*composite_shadowed(), *kernels.KERNELS))
+    names = dict.fromkeys((*composite_shadowed(), *CPU_COMPOSITES, *kernels.KERNELS))
     module.register_fallback([name.removeprefix("aten::") for name in names])
     _INSTALLED.append(True)

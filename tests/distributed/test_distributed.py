@@ -89,7 +89,7 @@ def _launch(script: str, tmp_path: Path, world: int = 2):
     ("skip.py", ["rank 1 finished the script without calling all_reduce(float32[4], sum) at skip.py:8",
                  "which rank 0 called", "last collective: all_reduce(float32[4], sum) at skip.py:6"]),
     ("crash.py", ["rank 1 crashed (ValueError: rank 1 fails on purpose at crash.py:7)",
-                  "rank 0 wait in all_reduce(float32[4], sum) at crash.py:8"]),
+                  "rank 0 waits in all_reduce(float32[4], sum) at crash.py:8"]),
     ("deadlock.py", ["deadlock: rank ", "all_reduce(float32[4], sum) at deadlock.py:9",
                      "all_reduce(float32[4], sum) at deadlock.py:11", "c10d group name '1'"]),
 ])
@@ -145,3 +145,38 @@ def test_gpt_shape_only_on_512_chips(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["complete"], result.stderr[-2000:]
     assert report["program"]["collectives"] > 0 and report["program"]["steps"] == 2
+
+
+DIAGNOSED = {   # issue 32, row 7: what each script did, and the line the diagnosis must name
+    "p2p_shape.py": ("if dist.get_rank() == 0:\n    dist.send(torch.ones(4, device='tpu'), dst=1)\nelse:\n"
+                     "    dist.recv(torch.zeros(8, device='tpu'), src=0)\n", "p2p_shape.py:4"),
+    "gather_shape.py": ("n = 4 if dist.get_rank() == 0 else 8\n"
+                        "dist.all_gather_into_tensor(torch.zeros(2 * n, device='tpu'), torch.ones(n, device='tpu'))\n",
+                        "gather_shape.py:4"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DIAGNOSED))
+def test_a_mismatch_is_one_diagnosis_naming_the_script_line_and_the_report_is_written(name, tmp_path):
+    # A send/recv shape mismatch printed the diagnosis, then a second, contradictory error from the trace merge
+    # (exit 2, no report); all_gather_into_tensor's mismatch named typing_extensions.py:3140.
+    body, line = DIAGNOSED[name]
+    script = tmp_path / name
+    script.write_text("import torch, torch.distributed as dist\ndist.init_process_group('tpusim')\n" + body)
+    result = tpusim("run", str(script), "--topology", "2d:1x2", "--ranks", "all", "--quiet", "--out",
+                    str(tmp_path / "out"))
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "mismatch" in result.stderr and line in result.stderr and "typing_extensions" not in result.stderr
+    assert "error: mismatched collectives" not in result.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["error"]["type"] == "CollectiveMismatchError" and report["complete"] is False
+
+
+def test_a_rank_that_raised_is_the_cause_the_report_names(tmp_path):
+    # The report said the script raised CollectiveMismatchError when rank 1's own ValueError was the cause.
+    result = tpusim("run", str(SCRIPTS / "crash.py"), "--topology", "2d:1x2", "--ranks", "all", "--quiet", "--out",
+                    str(tmp_path / "out"))
+    assert result.returncode == 1
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["error"]["type"] == "ValueError"
+    assert "INCOMPLETE: the script raised ValueError" in result.stdout

@@ -14,11 +14,15 @@ import sys
 import threading
 
 import torch
+import typing_extensions
 
 _INTERNAL_DIRS = (
     os.path.dirname(torch.__file__) + os.sep,                             # torch
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # tpusim/ (the backend included)
 )
+# Files whose frames wrap torch's own functions: typing_extensions' @deprecated wraps
+# torch.distributed.all_gather_into_tensor, and a mismatch there named typing_extensions.py:3140 (issue 32, row 7).
+_WRAPPER_FILES = tuple(os.path.abspath(module.__file__) for module in (typing_extensions,))
 _TENSOR_STR = os.path.join(os.path.dirname(torch.__file__), "_tensor_str.py")
 _internal: dict[object, bool] = {}
 _MAIN = threading.main_thread()
@@ -27,7 +31,8 @@ _native = None      # the shim's walk, once installed: () -> (source, printing)
 
 def is_internal_file(name: str) -> bool:
     """True for torch's, tpusim's and the interpreter's own files: never the user's line."""
-    return name.startswith(_INTERNAL_DIRS) or name.startswith("<frozen") or "/contextlib.py" in name
+    return (name.startswith(_INTERNAL_DIRS) or name.startswith("<frozen") or "/contextlib.py" in name
+            or name in _WRAPPER_FILES)
 
 
 def _is_internal(code: object) -> bool:

@@ -351,7 +351,8 @@ class Control:
             raise self.fail(self.store.get("diagnosis").decode())
         missing = [call.group[i] for i, k in enumerate(keys) if not self.store.check([k])]
         arrived = [r for r in call.group if r not in missing]
-        waiting = f"{_ranks(arrived)} wait in {call.describe()} ({call.where()})"
+        verbs = ("waits", "was") if len(arrived) == 1 else ("wait", "were")
+        waiting = f"{_ranks(arrived)} {verbs[0]} in {call.describe()} ({call.where()})"
         statuses = {r: self.status_of(r) for r in missing}
         for r, st in statuses.items():
             state, detail = st["state"], st["detail"]
@@ -361,7 +362,7 @@ class Control:
                                 f"({call.where()}), which {_ranks(arrived)} called; rank {r}'s last collective: "
                                 f"{last}")
             if state == "crashed":
-                raise self.fail(f"tpusim: rank {r} crashed ({detail}); {waiting} and were stopped")
+                raise self.fail(f"tpusim: rank {r} crashed ({detail}); {waiting} and {verbs[1]} stopped")
             if state == "failed":
                 raise self.fail(detail)
         blocked_elsewhere = []

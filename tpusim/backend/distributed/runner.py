@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from tpusim.backend.distributed import budget, install
 from tpusim.backend.distributed.env import torchrun_env
-from tpusim.backend.distributed.launcher import launch
+from tpusim.backend.distributed.launcher import LaunchResult, launch
 from tpusim.backend.state import STATE
 from tpusim.errors import TpusimError
 from tpusim.script import ScriptOutcome
@@ -79,27 +79,29 @@ def record_all(script: Path, argv: list[str], world: int, chips_per_host: int, o
                     f"all ranks called are left out)")
     if result.interrupted:                  # reported as Ctrl-C during the script (exit 130, the partial report)
         return trace, ScriptOutcome(exit_code=130, error=summary + "\n", error_type="KeyboardInterrupt"), stopped
-    kind = "CollectiveMismatchError" if result.diagnosis else "RankCrashed"
+    kind = _crash_type(result) or ("CollectiveMismatchError" if result.diagnosis else "RankCrashed")
     code = max((c for c in result.exit_codes if c > 0), default=1)
     return trace, ScriptOutcome(exit_code=code, error=summary + "\n", error_type=kind), stopped
 
 
 def common_prefix(traces: list[Trace], world: int) -> tuple[list[Trace], int]:
-    """Each rank's records up to its first collective that not every recorded member of its group reached
-    (ranks stopped part-way, e.g. by Ctrl-C, reach different calls; the simulator would find such a call
-    never starts). Returns the cut traces and how many records were left out."""
+    """Each rank's records up to its first collective that not every recorded member of its group reached, or
+    that its members called differently (ranks stopped part-way, e.g. by Ctrl-C, reach different calls; ranks
+    stopped on a mismatch diagnosis recorded both sides of the mismatched call, which the merge would refuse
+    after the diagnosis was printed: issue 32, row 7). Returns the cut traces and how many records were left
+    out."""
     recorded = {t.rank for t in traces}
     calls: dict[int, list[tuple[int, tuple[int, ...]]]] = {}       # rank -> (record index, group) per collective
-    reached: dict[tuple[int, ...], dict[int, int]] = {}              # group -> rank -> calls recorded
+    called: dict[tuple[int, ...], dict[int, list[tuple]]] = {}      # group -> rank -> (kind, bytes) of each call
     for t in traces:
         mine = calls.setdefault(t.rank, [])
         for i, r in enumerate(t.records):
             if isinstance(r, CollectiveRecord):
                 group = tuple(r.group) or tuple(range(world))
                 mine.append((i, group))
-                counts = reached.setdefault(group, {})
-                counts[t.rank] = counts.get(t.rank, 0) + 1
-    common = {g: min(counts.get(m, 0) for m in g if m in recorded) for g, counts in reached.items()}
+                called.setdefault(group, {}).setdefault(t.rank, []).append((r.kind, r.bytes))
+    common = {group: _agreed_calls([by_rank.get(m, []) for m in group if m in recorded])
+              for group, by_rank in called.items()}
     cut, dropped = [], 0
     for t in traces:
         seen: dict[tuple[int, ...], int] = {}
@@ -112,6 +114,22 @@ def common_prefix(traces: list[Trace], world: int) -> tuple[list[Trace], int]:
         dropped += len(t.records) - end
         cut.append(dataclasses.replace(t, records=t.records[:end]))
     return cut, dropped
+
+
+def _crash_type(result: LaunchResult) -> str | None:
+    """The exception a crashed rank's script raised ("ValueError: ..." in its status), which is the run's cause:
+    the others' CollectiveMismatchError only says they were stopped waiting for it (issue 32, row 7)."""
+    for _, detail in sorted(result.crashed.items()):
+        name = detail.split(":", 1)[0].strip()
+        if name.isidentifier() and name[:1].isupper():
+            return name
+    return None
+
+
+def _agreed_calls(sides: list[list[tuple]]) -> int:
+    """How many calls, from the first, every member recorded alike."""
+    count = min(len(side) for side in sides)
+    return next((k for k in range(count) if len({side[k] for side in sides}) > 1), count)
 
 
 def ranks_one_meta(trace: Trace) -> Trace:

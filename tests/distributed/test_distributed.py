@@ -113,6 +113,9 @@ def test_a_rank_killed_by_a_signal_is_named(tmp_path):
 
     result = launch(script, [], 2, 4, tmp_path / "out", stream=open(os.devnull, "w"))  # noqa: SIM115
     assert "rank 1 crashed (killed by SIGKILL)" in result.summary()
+    from tpusim.backend.distributed.runner import _crash_type
+
+    assert _crash_type(result) == "RankCrashed"           # the cause, not the peers' CollectiveMismatchError
 
 
 def test_gpt_with_fsdp_and_tp_runs_as_rank_0_of_512(tmp_path):

@@ -117,13 +117,14 @@ def common_prefix(traces: list[Trace], world: int) -> tuple[list[Trace], int]:
 
 
 def _crash_type(result: LaunchResult) -> str | None:
-    """The exception a crashed rank's script raised ("ValueError: ..." in its status), which is the run's cause:
-    the others' CollectiveMismatchError only says they were stopped waiting for it (issue 32, row 7)."""
+    """The exception a crashed rank's script raised ("ValueError: ..." in its status), or RankCrashed for a rank
+    a signal ended (the OOM killer's SIGKILL): the run's cause. The others' CollectiveMismatchError only says
+    they were stopped waiting for it (issue 32, row 7)."""
     for _, detail in sorted(result.crashed.items()):
         name = detail.split(":", 1)[0].strip()
         if name.isidentifier() and name[:1].isupper():
             return name
-    return None
+    return "RankCrashed" if result.crashed else None
 
 
 def _agreed_calls(sides: list[list[tuple]]) -> int:

@@ -101,6 +101,7 @@ def a_file(tmp_path):
     ("{file}", "exists and is not a folder"),
     ("", "--out '' names no folder"),             # issue 32 row 10: it wrote the report into the current folder
     ("  ", "--out '' names no folder"),
+    ("/tmp/" + "a" * 300, "cannot create the folder: File name too long"),   # issue 32 row 9: a raw OSError
 ])
 def test_bad_out_fails_before_the_script_runs(capsys, no_device, a_file, out, expected):
     err = one_error_line(capsys, "run", MLP, "--out", out.format(file=a_file))

@@ -70,10 +70,10 @@ def prepare_folder(folder: str | Path, flag: str = "--out") -> Path:
     """Create ``folder`` (and its parents) and check a file can be written there; any problem is one
     TpusimError naming the flag, the folder and the reason."""
     out = Path(folder)
-    if out.exists() and not out.is_dir():
-        raise TpusimError(f"{flag} {str(out)!r} exists and is not a folder; give a folder for the report")
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        if out.exists() and not out.is_dir():
+            raise TpusimError(f"{flag} {str(out)!r} exists and is not a folder; give a folder for the report")
+        out.mkdir(parents=True, exist_ok=True)  # a name too long for the file system fails here or above
     except OSError as error:
         where = f" ({str(error.filename)!r})" if error.filename and str(error.filename) != str(out) else ""
         raise TpusimError(f"{flag} {str(out)!r}: cannot create the folder: {_why(error)}{where}") from None

@@ -221,3 +221,38 @@ def test_the_local_cluster_listens_on_loopback_only() -> None:
     opened = {tuple(pair) for pair in json.loads(done.stdout.strip().splitlines()[-1])}
     assert len(opened) >= 2                          # the scheduler and its HTTP server at least
     assert {address for address, _ in opened} == {"127.0.0.1"} and 8787 not in {port for _, port in opened}, opened
+
+
+def test_points_go_in_batches_and_a_lost_scheduler_leaves_pending_rows(recording: Path, client, monkeypatch) -> None:
+    # Issue 32, row 5: a 9,900-point grid held every future at once (10.9 GB before a row was written), and a
+    # lost scheduler ended in a traceback of cancelled futures with no output.
+    from tpusim.sweep import cluster
+
+    monkeypatch.setattr(cluster, "IN_FLIGHT", 2)
+    points = [Point(c, "2d:2x2", 1, m) for c in ("v5p", "v5e", "v6e") for m in ("strict", "fused")]
+    submitted, finished, most = [], [], [0]
+    real_submit = client.submit
+
+    def counting_submit(*args, **kwargs):
+        if str(kwargs.get("key", "")).startswith("tpusim-price"):
+            submitted.append(kwargs["key"])
+            most[0] = max(most[0], len(submitted) - len(finished))
+        return real_submit(*args, **kwargs)
+
+    monkeypatch.setattr(client, "submit", counting_submit)
+    rows = run_points(client, load_recording(recording).trace, points, on_row=finished.append)
+    assert most[0] <= 2 and len(submitted) == len(points) and {r["status"] for r in rows} == {"ok"}
+
+    real_finished, calls = cluster._finished, []
+
+    def losing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("Stream is closed")           # what the client raises when the scheduler goes
+        yield from real_finished(*args, **kwargs)
+
+    monkeypatch.setattr(cluster, "_finished", losing)
+    rows = run_points(client, load_recording(recording).trace, points)
+    statuses = [r["status"] for r in rows]
+    assert len(rows) == len(points) and statuses.count("ok") >= 1 and "pending" in statuses
+    assert all("scheduler was lost" in r["error"] for r in rows if r["status"] == "pending")

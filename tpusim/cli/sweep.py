@@ -29,7 +29,9 @@ A grid file is TOML with any of: chip, topology, slices, mode, placement (lists)
 [script_args] table (batch = [4, 16]); flags override it.
 Writes sweep.csv, sweep.parquet and sweep.html (plots, Pareto front of step time vs chips) in --out.
 Points that cannot exist (v6e has no 3D torus) are rows with status invalid; points whose task failed
-after --retries (a killed worker) are rows with status failed and the exit code is 1.
+after --retries (a killed worker) are rows with status failed and the exit code is 1; when the scheduler is
+lost, the points not yet priced are rows with status pending (exit code 1) beside every row already priced.
+Points go to the cluster 512 at a time, so any grid runs in bounded memory.
 """
 
 
@@ -191,7 +193,9 @@ def _summary(table, out: Path, wall: float) -> int:
 
     counts = table["status"].value_counts().to_dict()
     print(f"tpusim sweep: {len(table)} points in {wall:.1f} s: {counts.get('ok', 0)} priced, "
-          f"{counts.get('invalid', 0)} invalid, {counts.get('failed', 0)} failed")
+          f"{counts.get('invalid', 0)} invalid, {counts.get('failed', 0)} failed"
+          + (f", {counts['pending']} pending (the scheduler was lost; the rows priced before are written)"
+             if counts.get("pending") else ""))
     script = script_columns_of(table)
     if note := idle_note(table):
         print(f"note: {note}")
@@ -212,7 +216,7 @@ def _summary(table, out: Path, wall: float) -> int:
         print(f"failed: {row['chip']} {row['topology']} x{row['slices']} {row['mode']} {row['placement']}{given}: "
               f"{row['error']}", file=sys.stderr)
     print(f"wrote {out / 'sweep.csv'}, sweep.parquet, sweep.html")
-    if not counts.get("ok") and not counts.get("failed"):
+    if not counts.get("ok") and not counts.get("failed") and not counts.get("pending"):
         raise TpusimError("no point of the grid can exist (every chip x topology pair is invalid): see "
                           f"{out / 'sweep.html'}")
-    return 1 if counts.get("failed") else 0
+    return 1 if counts.get("failed") or counts.get("pending") else 0

@@ -118,14 +118,19 @@ def run_points(client: Any, trace: Trace, points: list[Point], tokens_per_step: 
     # the trace as a task, not scattered data: if every worker holding it dies, the scheduler computes it
     # again from the task (scattered data would be lost, and with it every point not yet priced)
     shared = client.submit(_the_trace, trace, pure=False, key=f"tpusim-trace-{stamp}")
-    futures = {client.submit(_on_worker, price, shared, point, tokens_per_step, retries=retries, pure=False,
-                             key=f"tpusim-price-{stamp}-{i}"): point for i, point in enumerate(tasks)}
+
+    def submit(i: int, point: Point) -> Any:
+        return client.submit(_on_worker, price, shared, point, tokens_per_step, retries=retries, pure=False,
+                             key=f"tpusim-price-{stamp}-{i}")
+
     suspects = []
-    for future, outcome in _finished(client, futures):
-        if isinstance(outcome, BaseException) and type(outcome).__name__ == "KilledWorker":
-            suspects.append(futures[future])
+    for point, outcome in _batched(client, submit, tasks):
+        if isinstance(outcome, SchedulerLost):
+            done(failed_row(point, outcome, "pending"))
+        elif isinstance(outcome, BaseException) and type(outcome).__name__ == "KilledWorker":
+            suspects.append(point)
         else:
-            done(failed_row(futures[future], outcome) if isinstance(outcome, BaseException) else outcome)
+            done(failed_row(point, outcome) if isinstance(outcome, BaseException) else outcome)
     # Dask blames every task queued on a worker that died, not only the one that killed it: each such point
     # runs again alone, so only a point that kills its worker by itself ends as failed
     for i, point in enumerate(suspects):
@@ -136,12 +141,48 @@ def run_points(client: Any, trace: Trace, points: list[Point], tokens_per_step: 
     return rows
 
 
+IN_FLIGHT = 512     # points submitted at a time: a 10,000-point grid held every future and task at once
+
+
+class SchedulerLost(RuntimeError):
+    """The connection to the scheduler broke: the points not yet priced are rows with status "pending"."""
+
+
+def _batched(client: Any, submit: Callable[[int, Point], Any], points: list[Point]) -> Iterator[tuple[Point, Any]]:
+    """(point, its row or its exception) for every point, with at most IN_FLIGHT submitted at once (memory
+    bounded for any grid); when the scheduler is lost, each point not yet priced comes with SchedulerLost."""
+    queue = iter(enumerate(points))
+    futures: dict[Any, Point] = {}
+
+    def refill() -> None:
+        for i, point in queue:
+            futures[submit(i, point)] = point
+            if len(futures) >= IN_FLIGHT:
+                return
+
+    try:
+        refill()
+        while futures:
+            for future, outcome in _finished(client, dict(futures), first_only=True):
+                yield futures.pop(future), outcome
+            refill()
+    except (OSError, TimeoutError, RuntimeError) as error:      # CommClosedError is an OSError
+        if isinstance(error, SchedulerLost):
+            raise
+        lost = SchedulerLost(f"the Dask scheduler was lost before this point was priced ({type(error).__name__}: "
+                             f"{str(error)[:120]})")
+        for point in [*futures.values(), *(point for _, point in queue)]:
+            yield point, lost
+
+
 NO_WORKERS_GRACE_S = 60.0     # a cluster with no worker for this long gets its pending points reported
 
 
-def _finished(client: Any, futures: dict[Any, Point], poll_s: float = 2.0) -> Iterator[tuple[Any, Any]]:
-    """(future, its result or its exception) as each finishes; when the cluster has had no worker for
-    NO_WORKERS_GRACE_S, every point still pending ends with that error instead of waiting forever."""
+def _finished(client: Any, futures: dict[Any, Point], poll_s: float = 2.0,
+              first_only: bool = False) -> Iterator[tuple[Any, Any]]:
+    """(future, its result or its exception) as each finishes (``first_only``: those of the first wait that
+    finishes any, so the caller can submit more); when the cluster has had no worker for NO_WORKERS_GRACE_S,
+    every point still pending ends with that error instead of waiting forever."""
     from distributed import wait
 
     pending, lonely_since = set(futures), None
@@ -157,6 +198,8 @@ def _finished(client: Any, futures: dict[Any, Point], poll_s: float = 2.0) -> It
                 yield future, error
             finally:
                 future.release()
+        if finished and first_only:
+            return
         if finished or client.scheduler_info().get("workers"):
             lonely_since = None
         elif lonely_since is None:

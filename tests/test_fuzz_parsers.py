@@ -2,7 +2,9 @@
 come in, a parser returns its value or raises TpusimError, never another exception, and what it accepts
 is what the grammar says. Small ``max_examples`` keep the file to a few seconds."""
 
+import dataclasses
 import json
+import math
 import re
 
 import pytest
@@ -10,8 +12,10 @@ from factories import training_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tpusim import envvars
 from tpusim.cli import compare
 from tpusim.errors import TpusimError, plain_text
+from tpusim.hardware.spec import chips_dir, load_chip
 from tpusim.placement.parse import parse_placement_text
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, report_json
@@ -239,3 +243,30 @@ def test_a_report_with_any_field_replaced_is_checked_or_refused(tmp_path, report
         original = check_report(report, tmp_path / "report.json")
         compare.notes(checked, original)   # what the loader accepts, compare can read
         compare.comparison(checked, original)
+
+
+# ---- environment variables and chip files (issue 32: one strict parser each) -----------------------------
+
+@FAST
+@given(name=st.sampled_from(sorted(envvars.BY_NAME)), text=ANY_TEXT | st.text(min_size=1, max_size=12))
+def test_every_environment_variable_is_read_or_refused_in_one_line(name, text):
+    accepted_or_tpusim_error(envvars.read, name, {name: text})
+
+
+CHIP_KEYS = sorted(re.findall(r"^\[([a-z0-9_]+)\]", (chips_dir() / "v5p.toml").read_text(), re.MULTILINE))
+TOML_VALUES = (st.floats(allow_nan=True, allow_infinity=True).map(repr)      # inf, nan, 5e-324: all TOML
+               | st.integers(-(2**63), 2**63 - 1).map(str) | st.text(max_size=8).map(json.dumps)
+               | st.booleans().map(lambda b: "true" if b else "false") | st.just("[1, 2]"))
+
+
+@FAST
+@given(key=st.sampled_from(CHIP_KEYS), value=TOML_VALUES)
+def test_a_chip_file_with_any_value_is_loaded_with_finite_numbers_or_refused(tmp_path_factory, key, value):
+    text = (chips_dir() / "v5p.toml").read_text()
+    text = re.sub(rf"(\[{key}\]\nvalue = )[^\n]*", lambda m: m.group(1) + value.replace("\\", "\\\\"), text)
+    path = tmp_path_factory.mktemp("chip") / "v5p.toml"
+    path.write_text(text)
+    chip = accepted_or_tpusim_error(load_chip, str(path))
+    if chip is not None:
+        numbers = [v for v in dataclasses.asdict(chip).values() if isinstance(v, float)]
+        assert all(math.isfinite(v) and (v == 0 or 1e-15 <= abs(v) <= 1e24) for v in numbers)

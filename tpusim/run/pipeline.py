@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -254,7 +254,25 @@ def _measurer(script: Path, options: RunOptions, slice_, device: JaxDevice, chip
     return measure
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP wait until the block ends (a fraction of a second), then arrive as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, *STOP_SIGNALS}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _import_backend():
+    # numpy first, whole: a Ctrl-C while torch imported it was swallowed by an import guard and left numpy
+    # half-initialised (the report then died in matplotlib; issue 32, row 8); held, it arrives right after
+    with _signals_held():
+        import numpy  # noqa: F401
     try:
         import torch  # noqa: F401  (first: torch's autoload entry point then registers the device)
 

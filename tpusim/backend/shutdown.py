@@ -7,15 +7,22 @@ ends the thread mid-unwind and the process aborts ("terminate called without an 
 134), at random, after the script itself succeeded. A device thread drops its task before it takes the
 next one from its queue, so one tiny backward per device, queued at exit (while Python still runs) and
 started without the stash, proves every earlier task dropped; its own task holds no Python object.
+After it, any other thread that still runs a tpu op (a daemon thread's loop) parks in the shim for good
+rather than return to a finalizing Python (the same abort, issue 32, row 9).
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import threading
+import time
 
 import torch
 
+from tpusim.backend.state import STATE
+
+PARK_S = 0.05                       # enough for any op in flight to end (ops here take microseconds to ms)
 THREAD_PREFIX = "pt_autograd_"      # what autograd names its device threads (/proc/self/task/*/comm)
 _KEPT: list[tuple[torch.Tensor, ...]] = []   # the drain's tensors, alive until the process ends
 
@@ -51,12 +58,16 @@ def drain_device_threads(device_type: str) -> None:
 
 
 def _at_exit(device_type: str) -> None:
-    if not device_threads_started():
-        return
-    try:
-        drain_device_threads(device_type)
-    except BaseException:           # the device already torn down: nothing left to drain, nothing to report
-        pass
+    if device_threads_started():
+        try:
+            drain_device_threads(device_type)
+        except BaseException:       # the device already torn down: nothing left to drain, nothing to report
+            pass
+    shim = STATE.shim
+    if shim is not None:            # after the drain (it runs on autograd's threads): see park_if_exiting
+        shim.park_other_threads()
+        if threading.active_count() > 1:
+            time.sleep(PARK_S)      # a thread inside an op when the exit began reaches its park on the way out
 
 
 def install(device_type: str) -> None:

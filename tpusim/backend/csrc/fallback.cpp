@@ -27,9 +27,13 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
+#include <pthread.h>
+
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -1000,20 +1004,47 @@ void record_call(const c10::OperatorHandle& op, const Plan& plan, torch::jit::St
   log_op(plan.name, call.inputs, outs, source, cost);
 }
 
+// At interpreter exit (tpusim/backend/shutdown.py), a thread other than the exiting one that still runs tpu ops
+// (a daemon thread's loop) parks here for good, without the GIL. Why: returning to Python after finalization
+// began, it would take the GIL, and Python ends such a thread mid-unwind: "terminate called without an active
+// exception", exit 134, after the script succeeded. A parked thread ends with the process.
+std::atomic<bool> g_parking{false};
+pthread_t g_exiting_thread;
+
+void park_if_exiting() {
+  if (!g_parking.load(std::memory_order_acquire) || pthread_equal(pthread_self(), g_exiting_thread)) {
+    return;
+  }
+  if (PyGILState_Check()) {
+    PyEval_SaveThread();
+  }
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+}
+
 void boxed_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  park_if_exiting();
   const Plan& plan = plan_of(op);
   int device = -1;
   if (plan.python || !g_fast.load(std::memory_order_relaxed) || c10::impl::TorchDispatchModeTLS::stack_len() > 0 ||
       !stays_in_cpp(plan, torch::jit::last(*stack, op.schema().arguments().size()), &device)) {
-    return call_python(op, plan, stack);
+    call_python(op, plan, stack);
+  } else {
+    run_in_cpp(op, plan, stack, device);
   }
-  run_in_cpp(op, plan, stack, device);
+  park_if_exiting();  // a thread that was inside this op when the exit began parks on its way out
 }
 
 torch::Library* g_fallback_library = nullptr;
 torch::Library* g_op_library = nullptr;
 
 }  // namespace
+
+void park_other_threads() {
+  g_exiting_thread = pthread_self();
+  g_parking.store(true, std::memory_order_release);
+}
 
 void install_fallback(py::object python_fallback, py::object planner, py::object shaped_cost) {
   g_python_fallback = python_fallback.release().ptr();

@@ -9,6 +9,7 @@ using namespace tpusim;
 
 namespace tpusim {  // fallback.cpp, record.cpp
 void install_fallback(py::object python_fallback, py::object planner, py::object shaped_cost);
+void park_other_threads();
 void register_fallback(const std::vector<std::string>& names);
 void configure_source(py::object is_internal, py::object tensor_str, unsigned long main_ident);
 py::tuple user_source_py();
@@ -107,6 +108,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stats", &stats_dict);
   m.def("reset_peak", [](int device) { reset_peak(static_cast<c10::DeviceIndex>(device)); });
   m.def("install_fallback", &install_fallback);
+  m.def("park_other_threads", &park_other_threads);
   m.def("register_fallback", &register_fallback);
   m.def("set_fast", &set_fast);
   m.def("set_meta_cache", &set_meta_cache);

@@ -256,16 +256,22 @@ def _measurer(script: Path, options: RunOptions, slice_, device: JaxDevice, chip
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """Ctrl-C, SIGTERM and SIGHUP wait until the block ends (a fraction of a second), then arrive as usual."""
+    """Ctrl-C, SIGTERM and SIGHUP wait until the block ends (a fraction of a second), then arrive as usual:
+    their handlers only note them meanwhile (a signal mask would not do: another thread of the process would
+    take the signal, and Python raises it in the main thread all the same)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {signal.SIGINT, *STOP_SIGNALS}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    noted: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: noted.append(signum))
+                for signum in (signal.SIGINT, *STOP_SIGNALS) if signal.getsignal(signum) is not signal.SIG_IGN}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if noted:
+            signal.raise_signal(noted[0])   # now, to the handler in place
 
 
 def _import_backend():

@@ -124,7 +124,9 @@ def _crash_type(result: LaunchResult) -> str | None:
         name = detail.split(":", 1)[0].strip()
         if name.isidentifier() and name[:1].isupper():
             return name
-    return "RankCrashed" if result.crashed else None
+        if detail.startswith("killed by"):
+            return "RankCrashed"
+    return None                     # a rank that exited after its peers' diagnosis is no cause of its own
 
 
 def _agreed_calls(sides: list[list[tuple]]) -> int:

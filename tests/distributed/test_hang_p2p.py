@@ -156,3 +156,23 @@ def test_a_sub_group_whose_ranks_are_not_0_to_n_meets_in_the_control_store():
     for t in threads:
         t.join(timeout=20)
     assert sorted(done) == [0, 2]
+
+
+def test_sigterm_under_ranks_all_stops_every_rank_and_writes_the_report(tmp_path):
+    # Issue 32, row 1: a cancelled CI job (SIGTERM) under --ranks all lost the whole run: exit 143, no message,
+    # only ranks/ in the report folder.
+    proc = subprocess.Popen([sys.executable, "-m", "tpusim", "run", str(SCRIPTS / "forever.py"), "--topology",
+                             "2d:1x2", "--ranks", "all", "--quiet", "--compiler", "model", "--out", str(tmp_path)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ready = 0
+    for line in proc.stdout:
+        ready += "ready" in line
+        if ready == 2:
+            break
+    proc.send_signal(signal.SIGTERM)
+    out = proc.stdout.read()
+    proc.wait(timeout=120)
+    assert proc.returncode == 143 and "Traceback" not in out, out
+    assert "interrupted (SIGTERM): every rank was stopped" in out
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["interrupted"]["by"] == "SIGTERM" and report["exit_code"] == 143

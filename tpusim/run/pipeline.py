@@ -151,9 +151,10 @@ def _record_and_report(options: RunOptions, script: Path, slice_, device: JaxDev
     budget_stop = None                       # set when the record budget stopped recording
     if ranks == "all":
         progress.say(f"--ranks all: {slice_.total_chips} processes, one per chip")
-        trace, outcome, budget_stop = runner.record_all(script, list(options.script_args), slice_.total_chips,
-                                                        slice_.chip.chips_per_host, out_dir,
-                                                        options.max_records)
+        with signals_stop_the_script():     # SIGTERM, SIGHUP: every rank stops as at Ctrl-C (issue 32, row 1)
+            trace, outcome, budget_stop = runner.record_all(script, list(options.script_args), slice_.total_chips,
+                                                            slice_.chip.chips_per_host, out_dir,
+                                                            options.max_records)
     else:
         runner.prepare_one(slice_.total_chips, slice_.chip.chips_per_host)
         with backend.recording(max_records=options.max_records) as recorder:

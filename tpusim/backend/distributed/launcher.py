@@ -41,7 +41,8 @@ class LaunchResult:
     diagnosis: str = ""                         # the collective diagnosis, when ranks stopped on one
     crashed: dict[int, str] = field(default_factory=dict)   # rank -> what it died of
     killed: list[int] = field(default_factory=list)          # ranks the launcher had to stop
-    interrupted: bool = False                   # Ctrl-C (SIGINT) reached the launcher
+    interrupted: bool = False                   # Ctrl-C (SIGINT) reached the launcher, or SIGTERM/SIGHUP
+    signal: int = signal.SIGINT                 # which one (tpusim/script.py raises the other two as Ctrl-C)
 
     @property
     def ok(self) -> bool:
@@ -52,7 +53,8 @@ class LaunchResult:
         if self.interrupted:
             stopped = f"; ranks {','.join(map(str, self.killed))} did not stop in time and were killed" \
                 if self.killed else ""
-            return f"tpusim: interrupted (Ctrl-C): every rank was stopped{stopped}"
+            by = "Ctrl-C" if self.signal == signal.SIGINT else signal.Signals(self.signal).name
+            return f"tpusim: interrupted ({by}): every rank was stopped{stopped}"
         if self.diagnosis:
             return self.diagnosis
         if self.crashed:
@@ -140,11 +142,12 @@ def _watch(procs: list[subprocess.Popen], control: dist.Store, result: LaunchRes
         try:
             deadline = _poll(procs, control, result, running, deadline, grace_s)
             time.sleep(0.05)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             if result.interrupted:
                 deadline = time.monotonic()         # pressed again: stop waiting
                 continue
             result.interrupted = True
+            result.signal = getattr(stop, "signum", signal.SIGINT)
             _interrupt(procs, running)
             deadline = time.monotonic() + grace_s
 

@@ -18,7 +18,7 @@ from tpusim.backend.distributed.env import torchrun_env
 from tpusim.backend.distributed.launcher import LaunchResult, launch
 from tpusim.backend.state import STATE
 from tpusim.errors import TpusimError
-from tpusim.script import ScriptOutcome
+from tpusim.script import STOP_SIGNALS, ScriptOutcome
 from tpusim.trace.records import CollectiveRecord, StepMarker, Trace, TraceMeta, read_trace, renumber
 
 if TYPE_CHECKING:
@@ -77,8 +77,9 @@ def record_all(script: Path, argv: list[str], world: int, chips_per_host: int, o
     if dropped:
         summary += (f"\n(the report covers what every rank reached: {dropped} records after the last collective "
                     f"all ranks called are left out)")
-    if result.interrupted:                  # reported as Ctrl-C during the script (exit 130, the partial report)
-        return trace, ScriptOutcome(exit_code=130, error=summary + "\n", error_type="KeyboardInterrupt"), stopped
+    if result.interrupted:                  # reported as Ctrl-C (or SIGTERM, SIGHUP) during the script: 128 + signal
+        by = STOP_SIGNALS.get(result.signal, "KeyboardInterrupt")
+        return trace, ScriptOutcome(exit_code=128 + result.signal, error=summary + "\n", error_type=by), stopped
     kind = _crash_type(result) or ("CollectiveMismatchError" if result.diagnosis else "RankCrashed")
     code = max((c for c in result.exit_codes if c > 0), default=1)
     return trace, ScriptOutcome(exit_code=code, error=summary + "\n", error_type=kind), stopped

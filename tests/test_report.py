@@ -209,3 +209,24 @@ def test_distributed_and_placement_sections_come_from_their_typed_parts():
                                             "algorithms"}
     assert json.loads(json.dumps(data)) == data        # plain JSON all the way down
     assert "distributed" not in build_report(RunInfo("train.py"), trace, slice_, timelines).to_dict()
+
+
+def test_report_json_is_strict_json_even_when_a_value_is_not_finite():
+    # Issue 32, row 10: a non-finite value was written as bare NaN/Infinity, which no strict JSON reader accepts.
+    import math
+
+    from factories import training_trace
+
+    from tpusim.report import report_json
+
+    trace, slice_ = training_trace(), build_slice("3d:1x1x1")
+    timelines = {"strict": price(trace, topology=slice_, mode="strict")}
+    report = build_report(RunInfo("m.py"), trace, slice_, timelines)
+    broken = report.model_copy(update={"modes": {"strict": report.modes["strict"].model_copy(
+        update={"mxu_utilisation": math.nan, "hbm_bytes_moved": math.inf})}})
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"not strict JSON: {constant}")
+
+    mode = json.loads(report_json(broken), parse_constant=refuse)["modes"]["strict"]
+    assert mode["mxu_utilisation"] is None and mode["hbm_bytes_moved"] is None

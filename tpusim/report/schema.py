@@ -469,8 +469,20 @@ class Report(Part):
 
 
 def report_json(report: Report) -> str:
-    """report.json's text: sorted keys, one-space indent, a newline at the end (the same bytes every time)."""
-    return json.dumps(report.to_dict(), indent=1, sort_keys=True) + "\n"
+    """report.json's text: sorted keys, one-space indent, a newline at the end (the same bytes every time);
+    strict JSON: a value that is not a finite number is written as null (Python's json would write the bare
+    NaN or Infinity no JSON reader accepts; issue 32, row 10)."""
+    return json.dumps(_finite_or_null(report.to_dict()), indent=1, sort_keys=True, allow_nan=False) + "\n"
+
+
+def _finite_or_null(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_null(item) for item in value]
+    return value
 
 
 def json_schema() -> dict[str, Any]:

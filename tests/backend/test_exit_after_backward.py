@@ -16,17 +16,22 @@ x = torch.randn(3, 3, device="tpu", requires_grad=True)
 RUNS = 8     # with the abort at >= 1 run in 2, eight clean exits in a row happen by chance < 0.4% of the time
 
 
-def test_a_script_that_ends_after_backward_exits_cleanly(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+def exit_codes(tmp_path, text: str, runs: int) -> list[tuple[int, str]]:
+    """(exit code, the end of stderr) of ``runs`` runs of ``text`` under plain python, two at a time."""
+    script = tmp_path / "script.py"
+    script.write_text(text)
 
-    def run(_: int) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    def run(_: int) -> tuple[int, str]:
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+        return done.returncode, done.stderr[-300:]
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(run, range(RUNS)))
-    codes = [r.returncode for r in results]
-    assert codes == [0] * RUNS, [r.stderr[-300:] for r in results if r.returncode]
+        return list(pool.map(run, range(runs)))
+
+
+def test_a_script_that_ends_after_backward_exits_cleanly(tmp_path):
+    results = exit_codes(tmp_path, SCRIPT, RUNS)
+    assert [code for code, _ in results] == [0] * RUNS, results
 
 
 def test_the_drain_runs_only_where_autograd_started_device_threads():
@@ -52,12 +57,5 @@ time.sleep(0.3)
 def test_a_daemon_thread_still_running_tpu_ops_at_exit_does_not_abort_the_process(tmp_path):
     # Issue 32, row 9: the daemon thread returned to a finalizing Python and the process aborted (exit 134, in
     # 5 runs of 5 here); at exit it now parks in the shim for good (tpusim/backend/shutdown.py).
-    script = tmp_path / "daemon.py"
-    script.write_text(DAEMON)
-
-    def run(_: int) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(run, range(4)))
-    assert [r.returncode for r in results] == [0] * 4, [r.stderr[-300:] for r in results if r.returncode]
+    results = exit_codes(tmp_path, DAEMON, 4)
+    assert [code for code, _ in results] == [0] * 4, results

@@ -38,6 +38,7 @@ def test_example_runs_and_writes_every_file(mlp_run):
     assert report["run"]["argv"] == ["--steps", "3", "--width", "64", "--depth", "2"]
 
 
+@pytest.mark.slow   # 12 s; test_report.py's test_report_json_is_deterministic checks the same bytes in-process
 def test_two_runs_give_identical_report_json(mlp_run, tmp_path):
     _, out = mlp_run
     again = tpusim("run", *MLP, "--mode", "all", "--topology", "3d:2x2x2", "--out", str(tmp_path), *SMALL)

@@ -13,7 +13,7 @@ import torch
 x = torch.randn(3, 3, device="tpu", requires_grad=True)
 (x * 2).sum().backward()
 """
-RUNS = 8     # with the abort at >= 1 run in 2, eight clean exits in a row happen by chance < 0.4% of the time
+RUNS = 6     # with the abort at >= 1 run in 2, six clean exits in a row happen by chance < 1.6% of the time
 
 
 def exit_codes(tmp_path, text: str, runs: int) -> list[tuple[int, str]]:
@@ -57,5 +57,5 @@ time.sleep(0.3)
 def test_a_daemon_thread_still_running_tpu_ops_at_exit_does_not_abort_the_process(tmp_path):
     # Issue 32, row 9: the daemon thread returned to a finalizing Python and the process aborted (exit 134, in
     # 5 runs of 5 here); at exit it now parks in the shim for good (tpusim/backend/shutdown.py).
-    results = exit_codes(tmp_path, DAEMON, 4)
-    assert [code for code, _ in results] == [0] * 4, results
+    results = exit_codes(tmp_path, DAEMON, 3)      # it aborted in every run before
+    assert [code for code, _ in results] == [0] * 3, results

@@ -140,6 +140,7 @@ def test_gpt_with_fsdp_and_tp_runs_as_rank_0_of_512(tmp_path):
     assert "placements (ranked by step time)" in result.stdout
 
 
+@pytest.mark.slow   # 25 s; validate's product cases record FSDP2 x TP shape-only too (test_validate_product.py)
 def test_gpt_shape_only_on_512_chips(tmp_path):
     """Shape-only storages have unique fake data pointers (FSDP2 compares them) and CPU scalars in
     out= meta kernels become meta: the whole training step runs without host memory."""
@@ -166,8 +167,8 @@ def test_a_mismatch_is_one_diagnosis_naming_the_script_line_and_the_report_is_wr
     body, line = DIAGNOSED[name]
     script = tmp_path / name
     script.write_text("import torch, torch.distributed as dist\ndist.init_process_group('tpusim')\n" + body)
-    result = tpusim("run", str(script), "--topology", "2d:1x2", "--ranks", "all", "--quiet", "--out",
-                    str(tmp_path / "out"))
+    result = tpusim("run", str(script), "--topology", "2d:1x2", "--ranks", "all", "--quiet", "--compiler", "model",
+                    "--out", str(tmp_path / "out"))
     assert result.returncode == 1, result.stderr[-2000:]
     assert "mismatch" in result.stderr and line in result.stderr and "typing_extensions" not in result.stderr
     assert "error: mismatched collectives" not in result.stderr
@@ -177,8 +178,8 @@ def test_a_mismatch_is_one_diagnosis_naming_the_script_line_and_the_report_is_wr
 
 def test_a_rank_that_raised_is_the_cause_the_report_names(tmp_path):
     # The report said the script raised CollectiveMismatchError when rank 1's own ValueError was the cause.
-    result = tpusim("run", str(SCRIPTS / "crash.py"), "--topology", "2d:1x2", "--ranks", "all", "--quiet", "--out",
-                    str(tmp_path / "out"))
+    result = tpusim("run", str(SCRIPTS / "crash.py"), "--topology", "2d:1x2", "--ranks", "all", "--quiet",
+                    "--compiler", "model", "--out", str(tmp_path / "out"))
     assert result.returncode == 1
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["error"]["type"] == "ValueError"

@@ -15,6 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def tpusim(*argv: str, cwd: Path = ROOT, **popen) -> subprocess.CompletedProcess:
+    """The command as a user starts it; priced with --compiler model (these tests are about how a run ends,
+    not about the TPU compiler, whose compiles in a fresh home cost seconds per test)."""
+    if "--compiler" not in argv:
+        argv = (argv[0], "--compiler", "model", *argv[1:])
     return subprocess.run([sys.executable, "-m", "tpusim", *argv], cwd=cwd, capture_output=True, text=True,
                           timeout=600, **popen)
 
@@ -153,7 +157,7 @@ def test_a_rerun_into_the_same_out_holds_only_its_own_files(tmp_path):
     for name, data in stale.items():
         (out / name).write_bytes(data)
     (out / "notes.txt").write_text("mine")
-    result = tpusim("run", script(tmp_path, ""), "--quiet", "--compiler", "model", "--out", str(out))
+    result = tpusim("run", script(tmp_path, ""), "--quiet", "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert "replaced an earlier run's report" in result.stderr
     assert not (out / "links.png").exists() and not (out / "placements.png").exists() and not (out / "ranks").exists()
@@ -163,13 +167,11 @@ def test_a_rerun_into_the_same_out_holds_only_its_own_files(tmp_path):
 
 def test_os_exit_ends_the_script_not_the_run_and_check_checks_it(tmp_path):
     # Issue 32, row 2: os._exit() ended tpusim too: exit 0, an empty folder, and `tpusim check` passed.
-    result = tpusim("run", script(tmp_path, "import os\nos._exit(5)\n"), "--quiet", "--compiler", "model", "--out",
-                    str(tmp_path / "out"))
+    result = tpusim("run", script(tmp_path, "import os\nos._exit(5)\n"), "--quiet", "--out", str(tmp_path / "out"))
     assert result.returncode == 5
     report = report_of(tmp_path / "out")
     assert report["exit_code"] == 5 and report["complete"] is False and report["program"]["ops"] >= 2
-    gate = tpusim("check", script(tmp_path, "import os\nos._exit(0)\n"), "--max-step-time", "1ns", "--compiler",
-                  "model", "--out",
+    gate = tpusim("check", script(tmp_path, "import os\nos._exit(0)\n"), "--max-step-time", "1ns", "--out",
                   str(tmp_path / "checked"))
     assert gate.returncode == 1 and "FAIL" in gate.stdout, gate.stdout + gate.stderr
 
@@ -178,7 +180,7 @@ def test_a_forked_child_does_not_write_a_second_report(tmp_path):
     # Issue 32, row 6: a child forked without os._exit ran on into tpusim and wrote a report over the parent's.
     body = ("import os\npid = os.fork()\nif pid == 0:\n    print('child at the end')\n"
             "else:\n    os.waitpid(pid, 0)\n")
-    result = tpusim("run", script(tmp_path, body), "--compiler", "model", "--out", str(tmp_path / "out"))
+    result = tpusim("run", script(tmp_path, body), "--out", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
     assert "child at the end" in result.stdout
     assert result.stdout.count("report: ") == 1
@@ -186,8 +188,7 @@ def test_a_forked_child_does_not_write_a_second_report(tmp_path):
 
 def test_a_script_that_closes_stdout_still_gets_its_summary(tmp_path):
     # Issue 32, row 9: the summary died in "ValueError: I/O operation on closed file".
-    result = tpusim("run", script(tmp_path, "import sys\nprint('bye')\nsys.stdout.close()\n"), "--compiler", "model",
-                    "--out",
+    result = tpusim("run", script(tmp_path, "import sys\nprint('bye')\nsys.stdout.close()\n"), "--out",
                     str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
     assert "bye" in result.stdout and "report: " in result.stdout and "Traceback" not in result.stderr

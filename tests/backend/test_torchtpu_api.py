@@ -436,3 +436,15 @@ def test_names_that_need_hardware_exist_and_say_why() -> None:
         torch.tpu._set_cache_only(True)
     with pytest.raises(AttributeError):
         _ = torch.tpu.ops.no_such_kernel
+
+
+def test_every_c10d_name_of_tpusim_is_one_registered_backend() -> None:
+    # tpusim's name and TorchTPU's two ("tpu_dist", "tpu"); the torchrun test trains under "tpu_dist" by default
+    # and under "tpu" in the slow run (tests/distributed/test_torchtpu_launch.py).
+    import torch.distributed as dist
+
+    from tpusim.backend.device import C10D_NAMES
+
+    assert all(dist.is_backend_available(name) for name in C10D_NAMES)
+    creators = {dist.Backend._plugins[name.upper()].creator_fn for name in C10D_NAMES}
+    assert len(creators) == 1

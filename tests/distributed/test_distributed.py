@@ -18,6 +18,10 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
 def tpusim(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The command as a user starts it, priced with --compiler model (these tests are about the ranks, not
+    about the TPU compiler, whose compiles in a fresh home cost seconds per test)."""
+    if "--compiler" not in argv:
+        argv = (argv[0], "--compiler", "model", *argv[1:])
     return subprocess.run([sys.executable, "-m", "tpusim", *argv], cwd=ROOT, capture_output=True, text=True,
                           timeout=600, env={**os.environ, **(env or {})})
 
@@ -167,8 +171,8 @@ def test_a_mismatch_is_one_diagnosis_naming_the_script_line_and_the_report_is_wr
     body, line = DIAGNOSED[name]
     script = tmp_path / name
     script.write_text("import torch, torch.distributed as dist\ndist.init_process_group('tpusim')\n" + body)
-    result = tpusim("run", str(script), "--topology", "2d:1x2", "--ranks", "all", "--quiet", "--compiler", "model",
-                    "--out", str(tmp_path / "out"))
+    result = tpusim("run", str(script), "--topology", "2d:1x2", "--ranks", "all", "--quiet", "--out",
+                    str(tmp_path / "out"))
     assert result.returncode == 1, result.stderr[-2000:]
     assert "mismatch" in result.stderr and line in result.stderr and "typing_extensions" not in result.stderr
     assert "error: mismatched collectives" not in result.stderr
@@ -178,8 +182,8 @@ def test_a_mismatch_is_one_diagnosis_naming_the_script_line_and_the_report_is_wr
 
 def test_a_rank_that_raised_is_the_cause_the_report_names(tmp_path):
     # The report said the script raised CollectiveMismatchError when rank 1's own ValueError was the cause.
-    result = tpusim("run", str(SCRIPTS / "crash.py"), "--topology", "2d:1x2", "--ranks", "all", "--quiet",
-                    "--compiler", "model", "--out", str(tmp_path / "out"))
+    result = tpusim("run", str(SCRIPTS / "crash.py"), "--topology", "2d:1x2", "--ranks", "all", "--quiet", "--out",
+                    str(tmp_path / "out"))
     assert result.returncode == 1
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["error"]["type"] == "ValueError"

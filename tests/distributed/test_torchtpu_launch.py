@@ -80,7 +80,8 @@ def _env() -> dict[str, str]:
     return {**env, "PYTHONUNBUFFERED": "1"}
 
 
-@pytest.mark.parametrize("backend", ["tpu_dist", "tpu"])
+@pytest.mark.parametrize("backend", ["tpu_dist", pytest.param("tpu", marks=pytest.mark.slow)])   # one backend, two
+# names (device.C10D_NAMES: test_torchtpu_api checks they are one backend); the slow run trains under the second
 def test_torchrun_trains_on_tpu_with_exact_numerics(backend: str) -> None:
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                              f"--nproc_per_node={WORLD}", str(SCRIPT), backend],

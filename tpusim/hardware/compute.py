@@ -129,6 +129,14 @@ def dtype_class(dtype: str) -> str:
 MATMUL_DTYPES = ("bf16", "f32", "int8", "fp8")    # the MXU rate classes (dtype_class's values)
 
 
+def rate_class(dtype: str) -> str:
+    """``dtype_class``, or bf16 for a dtype with no MXU rate (bool, int64) or none recorded (""): what a report
+    measures such an op against."""
+    if dtype and str(dtype).removeprefix("torch.").lower() in _DTYPE_ALIASES:
+        return dtype_class(dtype)
+    return "bf16"
+
+
 def mxu_peak_flops_per_s(chip: ChipSpec, dtype: str) -> float:
     """The chip's matmul peak for a dtype (whole chip, all TensorCores and MXUs)."""
     return {"bf16": chip.peak_bf16_flops_per_s, "f32": chip.peak_f32_flops_per_s,

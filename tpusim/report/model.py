@@ -126,9 +126,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tpusim import __version__
-from tpusim.errors import TpusimError
 from tpusim.hardware.calibration import calibration_label
-from tpusim.hardware.compute import MATMUL_DTYPES, mxu_peak_flops_per_s
+from tpusim.hardware.compute import MATMUL_DTYPES, mxu_peak_flops_per_s, rate_class
 from tpusim.hardware.spec import ChipSpec
 from tpusim.placement import Distributed, PlacementComparison
 from tpusim.pricing import priced_chip
@@ -369,16 +368,8 @@ def mxu_utilisation(timeline: Timeline, chip: ChipSpec) -> float:
     for e in timeline.events:
         if e.kind == "op" and e.cost is not None and e.cost.unit == "mxu":
             flops += e.cost.flops
-            capacity += e.cost.seconds * _mxu_peak(chip, e.dtype)
+            capacity += e.cost.seconds * mxu_peak_flops_per_s(chip, rate_class(e.dtype))
     return flops / capacity if capacity else 0.0
-
-
-def _mxu_peak(chip: ChipSpec, dtype: str) -> float:
-    """The MXU peak of ``dtype``; bf16's for dtypes with no MXU rate (bool, int64) or unknown ("")."""
-    try:
-        return mxu_peak_flops_per_s(chip, dtype) if dtype else chip.peak_bf16_flops_per_s
-    except TpusimError:
-        return chip.peak_bf16_flops_per_s
 
 
 def compile_cache(timeline: Timeline, trace: Trace) -> dict[str, Any] | None:

@@ -14,8 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from tpusim.errors import TpusimError
-from tpusim.hardware.compute import dtype_class
+from tpusim.hardware.compute import rate_class
 from tpusim.report.schema import Report
 
 DEVICE_COLOURS = {"mxu": "#1f77b4", "vpu": "#2ca02c", "transcendental": "#17becf", "hbm": "#ff7f0e",
@@ -85,14 +84,6 @@ ROOF_COLOURS = {"bf16": "black", "f32": "#c44e52", "int8": "#55a868", "fp8": "#8
 LABELLED_OPS = 5        # the costliest ops are numbered on the plot and named in a list beside it
 
 
-def _dtype_class(dtype: str) -> str:
-    """The MXU rate class of an op's dtype; bf16 for dtypes with none (bool, int64)."""
-    try:
-        return dtype_class(dtype) if dtype else "bf16"
-    except TpusimError:
-        return "bf16"
-
-
 def roofline(report: Report, mode: str | None = None) -> Figure:
     """Ops as points (arithmetic intensity, achieved FLOP/s) under the chip's roofline: one roof per dtype the
     ops ran in (a float32 matmul is measured against the float32 peak it was priced at, not bf16's), each op
@@ -102,7 +93,7 @@ def roofline(report: Report, mode: str | None = None) -> Figure:
     mode = mode or _modes(report)[-1]
     ops = [o for o in report.modes[mode].top_ops if o.bytes > 0 and o.flops > 0 and o.seconds > 0]
     peaks = chip.peak_flops_per_s or {"bf16": chip.peak_bf16_flops_per_s}
-    kinds = sorted({_dtype_class(o.dtype) for o in ops} & set(peaks) or {"bf16"}, key=list(ROOF_COLOURS).index)
+    kinds = sorted({rate_class(o.dtype) for o in ops} & set(peaks) or {"bf16"}, key=list(ROOF_COLOURS).index)
     bandwidth = chip.hbm_bytes_per_s
     fig = Figure(figsize=(7.5, 4), layout="constrained")
     ax = fig.subplots()
@@ -117,7 +108,7 @@ def roofline(report: Report, mode: str | None = None) -> Figure:
         intensity = np.array([o.flops / o.bytes for o in ops])
         achieved = np.array([o.flops / o.seconds for o in ops])
         sizes = np.array([o.seconds for o in ops])
-        colours = [ROOF_COLOURS.get(_dtype_class(o.dtype), "black") for o in ops]
+        colours = [ROOF_COLOURS.get(rate_class(o.dtype), "black") for o in ops]
         ax.scatter(intensity, achieved, s=20 + 200 * sizes / sizes.max(), alpha=0.6, color=colours,
                    edgecolor="black", linewidth=0.5, label="ops (size = time)")
         names = []

@@ -74,9 +74,9 @@ class ScriptExited(BaseException):
 
 
 @contextmanager
-def exits_end_only_the_script() -> Iterator[int]:
-    """While the script runs, ``os._exit`` in this process raises ``ScriptExited`` (a forked child's
-    ``os._exit`` is its own and exits it); yields this process's id, so a forked child can be told apart."""
+def exits_end_only_the_script() -> Iterator[None]:
+    """While the script runs, ``os._exit`` in this process raises ``ScriptExited``; a child the script forked
+    keeps its own ``os._exit``, and one that reaches the script's end (however it got there) ends there."""
     parent, real_exit = os.getpid(), os._exit
 
     def _exit(code: int) -> None:
@@ -86,8 +86,12 @@ def exits_end_only_the_script() -> Iterator[int]:
 
     os._exit = _exit
     try:
-        yield parent
+        yield
     finally:
+        if os.getpid() != parent:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            real_exit(0)
         os._exit = real_exit
 
 
@@ -123,16 +127,9 @@ def run_script(path: str | Path, argv: list[str]) -> ScriptOutcome:
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [str(script), *argv]
     sys.path.insert(0, str(script.parent))
-    real_exit = os._exit
     try:
-        with exits_end_only_the_script() as parent:
-            try:
-                runpy.run_path(str(script), run_name="__main__")
-            finally:
-                if os.getpid() != parent:   # a child the script forked, at the script's end: it ends here
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                    real_exit(0)
+        with exits_end_only_the_script():
+            runpy.run_path(str(script), run_name="__main__")
         return ScriptOutcome(exit_code=0)
     except ScriptExited as stop:
         return ScriptOutcome(exit_code=stop.code & 0xFF)

@@ -16,7 +16,8 @@ per-step path draws. Anything else takes the op's own decomposition, as before.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -76,7 +77,7 @@ class _HostRnn(torch.autograd.Function):
         input_, hidden, params = hosts[0], hosts[1:1 + hidden_count], hosts[1 + hidden_count:]
         with torch.set_grad_enabled(graph), _device_generator(device):
             outputs = overload(input_, hidden if hx_is_list else hidden[0], params, *flags)
-        results = tuple(STATE.shim.to_device([o.detach()], device.index or 0)[0] for o in outputs)
+        results = tuple(STATE.shim.to_device([o.detach() for o in outputs], device.index or 0))
         return (outputs, hosts), results
 
     @staticmethod
@@ -99,17 +100,15 @@ class _HostRnn(torch.autograd.Function):
         return (None, None, None, None, *device_grads)
 
 
-class _device_generator:  # noqa: N801 (a context manager used like a function)
+@contextlib.contextmanager
+def _device_generator(device: torch.device) -> Iterator[None]:
     """CPU's default generator carries the device's state while CPU's kernel runs (dropout between layers),
     and the device's generator takes the advanced state back after, as the fallback does for random ops."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.generator = STATE.default_generators[device.index or 0]
-
-    def __enter__(self) -> None:
-        self.cpu_state = torch.random.get_rng_state()
-        torch.random.set_rng_state(self.generator.get_state())
-
-    def __exit__(self, *exc: object) -> None:
-        self.generator.set_state(torch.random.get_rng_state())
-        torch.random.set_rng_state(self.cpu_state)
+    generator = STATE.default_generators[device.index or 0]
+    cpu_state = torch.random.get_rng_state()
+    torch.random.set_rng_state(generator.get_state())
+    try:
+        yield
+    finally:
+        generator.set_state(torch.random.get_rng_state())
+        torch.random.set_rng_state(cpu_state)

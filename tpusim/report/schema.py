@@ -344,16 +344,6 @@ class ModeSection(Part):
     step_device_s: Seconds | None = None
     collective_overlapped_s: Num = 0.0
     mxu_utilisation: Num = 0.0
-
-    @property
-    def time_s(self) -> float:
-        """What a mode is ranked by: its step time, or the whole program where no steps are marked."""
-        return self.step_time_median_s if self.step_time_median_s is not None else self.total_s
-
-    @property
-    def timed(self) -> str:
-        """What ``time_s`` is, in words."""
-        return "step time" if self.step_time_median_s is not None else "whole program (no steps marked)"
     hbm_bytes_moved: Num = 0
     compile_cache: CompileCache | None = None
     fusion: dict[str, Any] | None = None
@@ -364,6 +354,16 @@ class ModeSection(Part):
     host_stalls: list[HostStall] = []
     compiler: str | None = None         # who priced the compiled programs: "xla" or "model" (runs with some)
     xla: XlaSection | None = None
+
+    @property
+    def time_s(self) -> float:
+        """What a mode is ranked by: its step time, or the whole program where no steps are marked."""
+        return self.step_time_median_s if self.step_time_median_s is not None else self.total_s
+
+    @property
+    def timed(self) -> str:
+        """What ``time_s`` is, in words."""
+        return "step time" if self.step_time_median_s is not None else "whole program (no steps marked)"
 
 
 class WarningEntry(Part):

@@ -167,8 +167,6 @@ def _batched(client: Any, submit: Callable[[int, Point], Any], points: list[Poin
                 yield futures.pop(future), outcome
             refill()
     except (OSError, TimeoutError, RuntimeError) as error:      # CommClosedError is an OSError
-        if isinstance(error, SchedulerLost):
-            raise
         lost = SchedulerLost(f"the Dask scheduler was lost before this point was priced ({type(error).__name__}: "
                              f"{str(error)[:120]})")
         for point in [*futures.values(), *(point for _, point in queue)]:

@@ -16,9 +16,9 @@ from tpusim.sweep.grid import DEFAULT_PLACEMENT, Point
 from tpusim.trace.records import Trace
 
 COLUMNS = ("chip", "calibrated", "topology", "slices", "mode", "placement", "chips", "chips_used", "status",
-           "step_time_s",
-           "total_s", "mfu", "tflops_per_s_per_chip", "tokens_per_s_per_chip", "hbm_peak_bytes", "hbm_peak_fraction",
-           "collective_exposed_s", "host_stall_s", "kernels", "bound", "price_wall_s", "worker", "error")
+           "step_time_s", "total_s", "mfu", "tflops_per_s_per_chip", "tokens_per_s_per_chip", "hbm_peak_bytes",
+           "hbm_peak_fraction", "collective_exposed_s", "host_stall_s", "kernels", "bound", "price_wall_s", "worker",
+           "error")
 
 
 def point_slice(point: Point):

@@ -40,3 +40,19 @@ def test_a_cache_folder_that_cannot_be_written_falls_back_to_the_temporary_folde
     got = shim._writable(wanted)
     assert got.is_dir() and got.name == "shim-test" and str(got).startswith(tempfile.gettempdir())
     assert "cannot write the shim cache /dev/null/tpusim" in capsys.readouterr().err
+
+
+def test_the_build_keeps_cpp_extensions_cuda_note_from_a_new_user(caplog) -> None:
+    # From PyPI, torch 2.13.0 brings CUDA's libraries; on a machine without a GPU, importing cpp_extension for
+    # the shim's build warned "No CUDA runtime is found, using CUDA_HOME='/usr/local'" in a new user's first run.
+    import logging
+
+    log = logging.getLogger("torch.utils.cpp_extension")
+    log.addFilter(shim._no_cuda_note)
+    try:
+        with caplog.at_level(logging.WARNING, logger=log.name):
+            log.warning("No CUDA runtime is found, using CUDA_HOME='%s'", "/usr/local")
+            log.warning("another warning")
+    finally:
+        log.removeFilter(shim._no_cuda_note)
+    assert [r.getMessage() for r in caplog.records] == ["another warning"]

@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import importlib.machinery
 import importlib.util
+import logging
 import os
 import sys
 import sysconfig
@@ -96,8 +97,19 @@ def _writable(build_dir: Path) -> Path:
         return fallback
 
 
+def _no_cuda_note(record: logging.LogRecord) -> bool:
+    """False for cpp_extension's "No CUDA runtime is found" warning: the shim is CPU code, and with PyPI's
+    torch (CUDA libraries installed, no GPU) a new user's first run printed it above the build line."""
+    return not record.getMessage().startswith("No CUDA runtime is found")
+
+
 def _build(name: str, build_dir: Path, done_marker: Path) -> ModuleType:
-    from torch.utils import cpp_extension  # only when building: it pulls in setuptools, slow at `import torch`
+    extension_log = logging.getLogger("torch.utils.cpp_extension")
+    extension_log.addFilter(_no_cuda_note)      # while it is imported (the warning comes at import), then gone
+    try:
+        from torch.utils import cpp_extension  # only when building: it pulls in setuptools, slow at `import torch`
+    finally:
+        extension_log.removeFilter(_no_cuda_note)
 
     log = build_dir / "build.log"
     print("tpusim: compiling the tpu device shim, once per torch version (about 30 s on 2 idle cores)...", end="",

@@ -67,7 +67,7 @@ def test_ranks_all_ddp_fsdp2_and_tensor_parallel_match_one_device(tmp_path):
                     "--out", str(tmp_path))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for rank in range(4):
-        for name in ("ddp", "fsdp2", "tp"):
+        for name in ("ddp", "fsdp2", "tp", "meta_init"):
             assert f"[rank {rank}] OK {name}" in result.stdout
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["distributed"]["ranks"] == "all" and report["distributed"]["world_size"] == 4

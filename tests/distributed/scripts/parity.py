@@ -1,4 +1,5 @@
-"""--ranks all parity: DDP, FSDP2 and a tensor-parallel DTensor MLP against one-device references.
+"""--ranks all parity: DDP, FSDP2 and a tensor-parallel DTensor MLP against one-device references, and an
+FSDP2 model built on the meta device and initialised on "tpu" against the CPU initialisation of one seed.
 
 Every rank computes the single-device reference itself (same seed, the whole batch), then the
 distributed version, and prints "OK <name>" when they match.
@@ -79,4 +80,24 @@ for _ in range(3):
     ((tp_model(x) - y) ** 2).mean().backward()
     opt.step()
 check("tp", [p.full_tensor() for p in tp_model.parameters()], list(ref.parameters()))
+
+# FSDP2 on the meta device, initialised on tpu (torchtitan's way): the same values as one CPU init of the
+# seed, bit for bit (normal_ and kaiming uniform_ draws; 37 rows shard unevenly over 4 ranks)
+def meta_net() -> nn.Module:
+    return nn.Sequential(nn.Embedding(37, 24), nn.Linear(24, 40), nn.Linear(40, 7))
+
+
+with torch.device("meta"):
+    meta_model = meta_net()
+for layer in (*meta_model, meta_model):
+    fully_shard(layer, mesh=mesh)
+meta_model.to_empty(device="tpu")
+torch.manual_seed(1234)
+for layer in meta_model:
+    layer.reset_parameters()
+got = [p.full_tensor().cpu() for p in meta_model.parameters()]
+torch.manual_seed(1234)
+want = list(meta_net().parameters())
+assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), "meta init differs from CPU's"
+print("OK meta_init")
 dist.destroy_process_group()

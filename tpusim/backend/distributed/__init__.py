@@ -18,7 +18,8 @@ Two ways to run a world (``TPUSIM_RANKS``, set by ``tpusim run --ranks``):
 
 Map: process_group.py (the ProcessGroup: every collective), numerics.py (the --ranks one rule),
 transport.py (gloo), p2p.py (isend/irecv: messages that complete when both sides posted them),
-hang.py (fingerprints, diagnosis), emit.py (trace records, mesh layouts),
+hang.py (fingerprints, diagnosis), emit.py (trace records, mesh layouts), dtensor_random.py (DTensor's
+random ops on tpu meshes: whole draws, so sharded init equals CPU's),
 launcher.py (one process per rank, output by rank, crash handling), worker.py (a rank's process),
 env.py (torchrun-style environment from the topology).
 """
@@ -33,9 +34,10 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh
 
-from tpusim.backend.distributed import emit
+from tpusim.backend.distributed import dtensor_random, emit
 from tpusim.backend.distributed.hang import CollectiveMismatchError
 from tpusim.backend.distributed.process_group import TpusimProcessGroup
+from tpusim.backend.import_hooks import after_import
 
 __all__ = ["BACKEND", "CollectiveMismatchError", "TpusimProcessGroup", "install"]
 
@@ -57,6 +59,7 @@ def install() -> None:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["tpu"])
     _patch_init_process_group()
     _patch_device_mesh()
+    after_import("torch.distributed.tensor._random", dtensor_random.install)
     _installed = True
 
 

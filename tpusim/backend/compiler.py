@@ -102,6 +102,7 @@ class _WrapperCodegen:
     """Inductor's Python wrapper, with "tpu" kernels called as CPU kernels (host memory)."""
 
     _cls: type | None = None
+    supports_caching = False     # Inductor asks before caching a graph (torch 2.13): tpu graphs are compiled afresh
 
     @classmethod
     def _real(cls) -> type:

@@ -173,7 +173,22 @@ def _fused_attention_backward(op: object, a: list, kw: dict) -> tuple:
     return (*grads, None)
 
 
+def _out_dtype_matmul(op: torch._ops.OpOverload, a: list, kw: dict) -> torch.Tensor:
+    """``mm/bmm/addmm/baddbmm.dtype`` (``torch.bmm(a, b, out_dtype=torch.float32)``): low-precision inputs
+    accumulated and returned in ``out_dtype``, as a TPU's MXU does. CPU has no kernel for them (CUDA and
+    TorchTPU do): computed as the plain op on the inputs widened to ``out_dtype``."""
+    schema_args = [arg.name for arg in op._schema.arguments]
+    out_dtype = kw.pop("out_dtype") if "out_dtype" in kw else a.pop(schema_args.index("out_dtype"))
+    plain = getattr(aten, op._schema.name.removeprefix("aten::")).default
+    widened = [t.to(out_dtype) if isinstance(t, torch.Tensor) else t for t in a]
+    return plain(*widened, **kw)
+
+
 KERNELS: dict[str, Callable[[object, list, dict], object]] = {
+    "aten::mm.dtype": _out_dtype_matmul,
+    "aten::bmm.dtype": _out_dtype_matmul,
+    "aten::addmm.dtype": _out_dtype_matmul,
+    "aten::baddbmm.dtype": _out_dtype_matmul,
     "aten::convolution_overrideable": _convolution,
     "aten::convolution_backward_overrideable": _convolution_backward,
     "aten::record_stream": _no_op,

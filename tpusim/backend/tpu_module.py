@@ -26,7 +26,6 @@ from tpusim.backend.state import STATE
 from tpusim.backend.torchtpu import cache, hardware, modes, unsupported
 from tpusim.backend.torchtpu import distributed as _tpu_distributed
 from tpusim.backend.torchtpu import precision as precision_module
-from tpusim.eager import state as eager
 
 _device_t = torch.device | str | int | None
 
@@ -70,6 +69,18 @@ def _index(device: _device_t) -> int:
     if d.type != "tpu":
         raise ValueError(f"tpusim: expected a tpu device, got {d}")
     return d.index if d.index is not None else current_device()
+
+
+def _exchange_device(device: int) -> int:
+    """Make ``device`` current and return the one that was (-1 leaves it): torch's device context managers
+    (``torch.tpu.device``, ``torch.accelerator.device_index``) switch through this, as through CUDA's."""
+    previous = current_device()
+    if device >= 0:
+        set_device(device)
+    return previous
+
+
+_maybe_exchange_device = exchange_device = _exchange_device
 
 
 def set_device(device: _device_t) -> None:
@@ -128,9 +139,10 @@ def get_local_device_attributes() -> dict[str, object]:
     return hardware.local_device_attributes()
 
 
-def get_eager_mode() -> str:
-    """The active eager mode, "debug", "strict" or "fused" (``torch.tpu.eager_mode`` gives TorchTPU's EagerMode)."""
-    return eager.get_eager_mode()
+def get_eager_mode() -> modes.EagerMode:
+    """The active eager mode as TorchTPU's ``EagerMode`` member (TorchTPU's execution_mode.get_eager_mode); a member
+    is also its tpusim name: ``torch.tpu.get_eager_mode() == "strict"``."""
+    return modes.get_eager_mode()
 
 
 # TorchTPU's names (tpusim/backend/torchtpu/)
@@ -145,6 +157,8 @@ _get_cache_hits = cache.get_cache_hits
 _get_cache_misses = cache.get_cache_misses
 _clear_cache = cache.clear_cache
 _hbm_usage_summary = cache.hbm_usage_summary
+_set_dump_on_cache_miss = cache.set_dump_on_cache_miss
+_get_dump_on_cache_miss = cache.get_dump_on_cache_miss
 
 
 def synchronize(device: _device_t = None) -> None:
@@ -178,7 +192,9 @@ def current_stream(device: _device_t = None) -> torch.Stream:
 
 
 def default_stream(device: _device_t = None) -> torch.Stream:
-    return torch.Stream(stream_id=0, device_index=_index(device), device_type=torch._C._get_privateuse1_backend_name())
+    """Stream 0 of the device (torch.Stream wants the device type as its number: PrivateUse1's)."""
+    index = _index(device)
+    return torch.Stream(stream_id=0, device_index=index, device_type=current_stream(index).device_type)
 
 
 def set_stream(stream: torch.Stream) -> None:
@@ -324,6 +340,25 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
+
+
+# TorchTPU's device-module autocast hooks, over torch's own autocast state for "tpu"
+def _is_autocast_enabled() -> bool:
+    return torch.is_autocast_enabled("tpu")
+
+
+def _get_autocast_dtype() -> torch.dtype:
+    return torch.get_autocast_dtype("tpu")
+
+
+def _set_autocast_enabled(enabled: bool) -> None:
+    torch.set_autocast_enabled("tpu", bool(enabled))
+
+
+def _set_autocast_dtype(dtype: torch.dtype) -> None:
+    if dtype not in _AMP_DTYPES:
+        raise ValueError(f"Unsupported dtype {dtype} for AMP. Supported dtypes are: {get_amp_supported_dtype()}")
+    torch.set_autocast_dtype("tpu", dtype)
 
 
 class _TpuModule(ModuleType):

@@ -1026,6 +1026,7 @@ void park_if_exiting() {
 void boxed_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   park_if_exiting();
   const Plan& plan = plan_of(op);
+  count_eager_compile(op, torch::jit::last(*stack, op.schema().arguments().size()));
   int device = -1;
   if (plan.python || !g_fast.load(std::memory_order_relaxed) || c10::impl::TorchDispatchModeTLS::stack_len() > 0 ||
       !stays_in_cpp(plan, torch::jit::last(*stack, op.schema().arguments().size()), &device)) {

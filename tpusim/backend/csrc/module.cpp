@@ -106,6 +106,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sync_back_list", &sync_back_list);
   m.def("storage_ids", &storage_ids);
   m.def("stats", &stats_dict);
+  m.def("eager_cache", []() {
+    const EagerCacheSnapshot snap = eager_cache_snapshot();
+    return py::make_tuple(snap.requests, snap.hits, snap.entries);
+  });
+  m.def("eager_cache_clear", &eager_cache_clear);
   m.def("reset_peak", [](int device) { reset_peak(static_cast<c10::DeviceIndex>(device)); });
   m.def("install_fallback", &install_fallback);
   m.def("park_other_threads", &park_other_threads);

@@ -4,6 +4,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
@@ -171,13 +172,46 @@ c10::DataPtr make_block(size_t nbytes, c10::DeviceIndex device, c10::intrusive_p
   return {data, b, &delete_block, c10::Device(c10::DeviceType::PrivateUse1, device)};
 }
 
-struct DeviceAllocator final : c10::Allocator {
+// A c10::DeviceAllocator, so torch.accelerator's memory API (memory_stats, memory_allocated,
+// reset_peak_memory_stats, get_memory_info) reads the simulated HBM as it reads CUDA's. No caching:
+// reserved equals allocated, and a block is freed when its storage dies.
+struct DeviceAllocator final : c10::DeviceAllocator {
   c10::DataPtr allocate(size_t nbytes) override { return make_block(nbytes, current_device(), {}); }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* dst, const void* src, std::size_t count) const override {
     if (count > 0 && dst != nullptr && src != nullptr && !config().no_data) {
       std::memcpy(dst, src, count);
     }
+  }
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t) override {}
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    const DeviceStats s = stats(device);
+    c10::CachingDeviceAllocator::DeviceStats out;
+    auto fill = [](c10::CachingDeviceAllocator::StatArray& a, int64_t current, int64_t peak, int64_t allocated,
+                   int64_t freed) {
+      auto& all = a[static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE)];
+      all.current = current;
+      all.peak = peak;
+      all.allocated = allocated;
+      all.freed = freed;
+    };
+    const int64_t freed_bytes = s.allocated_total - s.allocated;
+    for (auto* bytes : {&out.allocated_bytes, &out.reserved_bytes, &out.active_bytes, &out.requested_bytes}) {
+      fill(*bytes, s.allocated, s.peak, s.allocated_total, freed_bytes);
+    }
+    for (auto* count : {&out.allocation, &out.segment, &out.active}) {
+      fill(*count, s.live_blocks, s.live_blocks, s.allocations, s.frees);
+    }
+    return out;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex) override {}
+  void resetPeakStats(c10::DeviceIndex device) override { reset_peak(device); }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    const size_t total = static_cast<size_t>(config().hbm_bytes);
+    const size_t used = static_cast<size_t>(stats(device).allocated);
+    return {total > used ? total - used : 0, total};
   }
 };
 

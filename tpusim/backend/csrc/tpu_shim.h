@@ -7,6 +7,7 @@
 //              zero-copy host aliases the fallback runs ops on
 // fallback.cpp the boxed fallback every other op runs through (Python only where it must)
 // record.cpp   the recording log: allocations, ops, copies, host syncs, with source lines
+// compile_cache.cpp the eager compile cache's counters (torch.tpu._get_cache_stats)
 // autocast.cpp autocast for "tpu" (bf16 lower-precision list, fp32 list: the CUDA lists)
 // module.cpp   the Python bindings
 #pragma once
@@ -15,6 +16,7 @@
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 #include <c10/core/Storage.h>
@@ -23,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace tpusim {
@@ -51,6 +54,16 @@ DeviceStats stats(c10::DeviceIndex device);
 void reset_peak(c10::DeviceIndex device);
 
 c10::Allocator* device_allocator();
+
+// The eager compile cache's counters (compile_cache.cpp): one lookup per op the fallback runs.
+struct EagerCacheSnapshot {
+  int64_t requests = 0;
+  int64_t hits = 0;
+  std::vector<std::tuple<std::string, int64_t, double>> entries;  // (label, reads, last read in epoch seconds)
+};
+void count_eager_compile(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+EagerCacheSnapshot eager_cache_snapshot();
+void eager_cache_clear();
 // Unique id of a device storage (never reused); -1 for storages we did not allocate.
 int64_t storage_id(const c10::StorageImpl* storage);
 // A device DataPtr that owns `host` (a CPU storage made by a kernel on a host alias): zero copy.

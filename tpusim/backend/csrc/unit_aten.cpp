@@ -6,3 +6,4 @@
 #include "autocast.cpp"
 #include "attention.cpp"
 #include "ddp_timer.cpp"
+#include "compile_cache.cpp"

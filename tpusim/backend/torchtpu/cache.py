@@ -11,12 +11,17 @@ What feeds it here, the caches that really compile in this process:
 
 - torch.compile graphs (tpusim/backend/compile.py): each execution of a graph is a request keyed by the graph and
   its input shapes; a miss compiles (jax.jit) and the entry keeps how long that took;
+- eager ops on the simulator target (tpusim/backend/csrc/compile_cache.cpp): each op the device runs is a
+  request keyed by the op, its tensors' dtypes and shapes and its integer arguments, as TorchTPU keys an
+  eager executable; the first of a key is a miss. Nothing is compiled, so its entries' compilation time is
+  zero (the report prices compiles). Under Fused eager TorchTPU looks up whole clusters; here each op still
+  counts once (a departure: the report's compile cache prices clusters);
 - the PJRT target (tpusim/backend/targets/pjrt.py), when it is used: each jitted computation run is a request and
-  each one built a miss (``pjrt.stats()``: executions, compiles); its entries are counted, not listed.
+  each one built a miss (``pjrt.stats()``: executions, compiles); its entries are counted, not listed, and
+  stand in for the eager counts (the same ops, really compiled).
 
-On the simulator target eager ops are not compiled in this process (the simulator prices their
-compiles in the report), so only torch.compile graphs count there. ``_clear_cache()`` evicts every entry
-(the next execution compiles again); the counters keep counting, as TorchTPU's do.
+``_clear_cache()`` evicts every entry (the next execution compiles again); the counters keep counting, as
+TorchTPU's do.
 ``_hbm_usage_summary()`` speaks of the simulated HBM.
 """
 
@@ -69,6 +74,7 @@ class _Live:
     entries: dict[str, CacheEntryStats] = {}
     requests = 0
     hits = 0
+    dump_on_miss = False
 
 
 _LIVE = _Live()
@@ -100,12 +106,23 @@ def _pjrt_counts() -> tuple[int, int]:
     return stats.executions, max(stats.executions - stats.compiles, 0)
 
 
+def _eager_counts() -> tuple[int, int, list[CacheEntryStats]]:
+    """(requests, hits, entries) of eager ops (the shim's counters), or the PJRT target's when it was used."""
+    if _PJRT in sys.modules:
+        return (*_pjrt_counts(), [])
+    requests, hits, entries = STATE.shim.eager_cache()
+    return requests, hits, [CacheEntryStats(label, dt.timedelta(0),
+                                            dt.datetime.fromtimestamp(last) if reads else None, reads)
+                            for label, reads, last in entries]
+
+
 def get_cache_stats() -> PerfStats:
     """``torch.tpu._get_cache_stats()`` (see the module docstring)."""
-    requests, hits = _pjrt_counts()
+    requests, hits, eager_entries = _eager_counts()
     return PerfStats(num_cache_reqs=_LIVE.requests + requests, num_cache_hits=_LIVE.hits + hits,
-                     per_entry_stats=[CacheEntryStats(e.key, e.compilation_duration, e.last_read, e.read_count)
-                                      for e in _LIVE.entries.values()])
+                     per_entry_stats=[*eager_entries,
+                                      *(CacheEntryStats(e.key, e.compilation_duration, e.last_read, e.read_count)
+                                        for e in _LIVE.entries.values())])
 
 
 def get_cache_requests() -> int:
@@ -123,9 +140,21 @@ def get_cache_misses() -> int:
 def clear_cache() -> None:
     """Evict every compiled executable: the next execution of each compiles again (counters keep counting)."""
     _LIVE.entries.clear()
+    STATE.shim.eager_cache_clear()
     jax = sys.modules.get("jax")
     if jax is not None:
         jax.clear_caches()         # the jitted functions' own executables, torch.compile's and the PJRT target's
+
+
+def set_dump_on_cache_miss(enable: bool = True) -> None:
+    """``torch.tpu._set_dump_on_cache_miss``: TorchTPU dumps libtpu's StableHLO on a miss. The flag is kept (and
+    read back by ``_get_dump_on_cache_miss``); tpusim writes StableHLO where ``TPUSIM_DUMP_STABLEHLO=<dir>``
+    points (torch.compile graphs) and through torch.compile's ``debug_callback``."""
+    _LIVE.dump_on_miss = bool(enable)
+
+
+def get_dump_on_cache_miss() -> bool:
+    return _LIVE.dump_on_miss
 
 
 def hbm_usage_summary() -> str:

@@ -5,7 +5,7 @@
         loss = model(x)                                                 # this block only
 
 The modes are tpusim/eager/modes.py's registry: each member of ``EagerMode`` is one of its TorchTPU aliases,
-and its value is the tpusim mode it names (``EagerMode.DEFER_AND_FUSE.value == "fused"``); the process
+and its value is the tpusim mode it names (``EagerMode.DEFER_AND_FUSE == "fused"``: members are strings); the process
 state is tpusim/eager/state.py's, so ``tpusim.eager_mode``, TPUSIM_EAGER_MODE and TorchTPU's variables
 (TORCH_TPU_LAUNCH_BLOCKING, TORCH_TPU_DEFER_AND_FUSE) all act on the same mode.
 """
@@ -19,7 +19,7 @@ from tpusim.eager.modes import MODES, get_mode
 from tpusim.errors import TpusimError
 
 EagerMode = enum.Enum("EagerMode", {alias.upper(): mode.name for mode in MODES.values() for alias in mode.aliases},
-                      module=__name__)
+                      module=__name__, type=str)
 EagerMode.__doc__ = ("TorchTPU's eager modes (torch_tpu execution_mode EagerMode): DEFER_NEVER is tpusim's strict, "
                      "DEFER_NEVER_AND_LAUNCH_BLOCKING its debug, DEFER_AND_FUSE its fused (the member's value)")
 

@@ -15,8 +15,6 @@ from tpusim.errors import TpusimError
 UNSUPPORTED: dict[tuple[str, str], str] = {
     ("torch.tpu", "_set_cache_only"): "cache-only mode refuses XLA compilations, and the simulator compiles "
                                       "nothing it could refuse (the report prices compiles instead)",
-    ("torch.tpu", "_set_dump_on_cache_miss"): "it dumps libtpu's StableHLO on a miss; use "
-                                              "TPUSIM_DUMP_STABLEHLO=<dir> or torch.compile's debug_callback",
     ("torch.tpu.ops", "send"): "it is a one-sided DMA between TPU devices (WindowTpu); use torch.distributed.send",
     ("torch.tpu.ops", "recv"): "it is a one-sided DMA between TPU devices (WindowTpu); use torch.distributed.recv",
     ("torch.tpu.ops", "all_gather_dim"): "its signature is not in TorchTPU's public source; use "
@@ -25,6 +23,10 @@ UNSUPPORTED: dict[tuple[str, str], str] = {
                                              "torch.distributed.reduce_scatter_tensor",
     ("torch.tpu.ops", "max_pool2d"): "its signature is not in TorchTPU's public source; use "
                                      "torch.nn.functional.max_pool2d (it runs on tpu)",
+    ("torch_tpu.api", "_xla_cuda_device"): "it is TorchTPU's XLA backend on an NVIDIA GPU; tpusim simulates TPUs: "
+                                           "use api.tpu_device()",
+    ("torch_tpu.api", "_xla_cpu_device"): "it is TorchTPU's XLA backend on the host CPU; tpusim simulates TPUs: "
+                                          "use api.tpu_device()",
 }
 
 

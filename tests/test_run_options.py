@@ -24,7 +24,7 @@ def parsed(argv: list[str]) -> RunOptions:
 @pytest.mark.parametrize("options", [
     RunOptions(script="examples/mlp.py"),
     RunOptions(script="train.py", script_args=("--lr", "1", "--", "x"), chip="v5e", topology="2d:4x4",
-               modes=modes_of("fused,debug"), numerics=False, placement="tp=x", compare_placements=True,
+               modes=modes_of("fused,debug"), numerics="off", placement="tp=x", compare_placements=True,
                ranks="one", tokens_per_step=8192, max_records=1000, fail_links="1", fault_seed="3",
                out="reports/x", quiet=True),
     RunOptions(script="m.py", target="pjrt", pjrt_timeout_s=None, fail_chips="(0,0,0)"),

@@ -59,6 +59,12 @@ def yes_no(raw: str) -> bool:
     return value in ON
 
 
+def numerics_word(raw: str) -> str:
+    """TPUSIM_NUMERICS: "tpu" (values as a TPU computes them), else a yes/no spelling as "on" or "off"."""
+    value = raw.strip().lower()
+    return "tpu" if value == "tpu" else "on" if yes_no(value) else "off"
+
+
 def whole(low: int, high: int | None = None) -> Callable[[str], int]:
     """A whole number in [low, high]; float notation allowed (16e9), read exactly when it is an integer."""
     def parse(raw: str) -> int:
@@ -113,7 +119,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TPUSIM_CHIP", "a chip name (tpusim chips) or the path of a chip .toml file", _chip),
     Variable("TPUSIM_DEVICES", "a whole number 1..64", whole(1, 64)),
     Variable("TPUSIM_HBM_BYTES", "a whole number of bytes 0..2**62, e.g. 16e9 (0: unlimited)", whole(0, 2**62)),
-    Variable("TPUSIM_NUMERICS", YES_NO, yes_no, True),
+    Variable("TPUSIM_NUMERICS", "on, off, tpu (on/off also 1/0, true/false, yes/no)", numerics_word, "on"),
     Variable("TPUSIM_F64", "warn, error, allow", _choice("warn", "error", "allow"), "warn"),
     Variable("TPUSIM_TARGET", "sim, pjrt", _choice("sim", "pjrt"), "sim"),
     Variable("TPUSIM_EAGER_MODE", "an eager mode: debug, strict, fused", _eager_mode),

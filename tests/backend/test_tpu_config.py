@@ -57,7 +57,7 @@ def test_given_fields_are_not_read_from_the_environment(monkeypatch: pytest.Monk
     assert (cfg.chip.name, cfg.numerics, cfg.f64) == ("v5e", False, "error")
 
 
-BOOLEANS = ("TPUSIM_NUMERICS", "TPUSIM_DEBUG_CHECK", "TPUSIM_DEBUG_LOG", "TPUSIM_XLA_OPS")
+BOOLEANS = ("TPUSIM_DEBUG_CHECK", "TPUSIM_DEBUG_LOG", "TPUSIM_XLA_OPS")   # TPUSIM_NUMERICS: these spellings + "tpu"
 SPELLINGS = [(spelling, word in envvars.ON) for word in envvars.ON + envvars.OFF
              for spelling in (word, word.upper(), word.capitalize(), f" {word} ")]
 

@@ -6,7 +6,8 @@ table; each graph becomes one JAX function through the lowering table (tpusim/ba
 ``jax.jit``-compiled once per input signature into one XLA program (StableHLO) and runs on JAX's
 default device (a TPU where JAX sees one, else CPU/GPU). Inputs are read from the tensors' host
 memory, outputs land in fresh tensors on the inputs' device. A graph that uses an op the table
-lacks runs eagerly instead (op by op on the device), with a warning naming the ops.
+lacks runs eagerly instead (op by op on the device), with a warning naming the ops. With --numerics tpu a
+graph runs its Core ATen ops on the host at the TPU's precision instead of through JAX (tpusim/backend/tpu_numerics.py).
 
 On the sim target, while a recording runs, every execution of a compiled graph is recorded as
 its ops (tpusim/backend/program.py) marked as one program, which the simulator prices as one XLA
@@ -37,6 +38,7 @@ this module loads with the device at ``import torch``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import time
@@ -52,10 +54,11 @@ from tpusim.backend import recorder
 from tpusim.backend.collective_graph import SegmentedGraph, has_collectives, is_collective
 from tpusim.backend.import_hooks import after_import
 from tpusim.backend.program import Program, program_of
-from tpusim.backend.source import is_internal_file
+from tpusim.backend.source import is_internal_file, user_source
 from tpusim.backend.state import STATE
 from tpusim.backend.targets import flush_pending
 from tpusim.backend.torchtpu import cache
+from tpusim.backend.tpu_numerics import GraphNumerics, graph_numerics
 from tpusim.errors import TpusimError
 from tpusim.trace import records as trace_meta
 
@@ -93,6 +96,7 @@ class _Registry:
     graphs: list[CompiledGraph] = []
     capture: list[str] | None = None        # StableHLO texts while dump_stablehlo runs
     previous_default: object = "inductor"   # torch.compile's default backend before auto_backend
+    inference_mode: dict[str, None] = {}    # user lines that ran a compiled graph under torch.inference_mode()
 
 
 _REG = _Registry()
@@ -134,7 +138,8 @@ def _trace_meta() -> dict:
     stats = compile_stats()
     if not (stats.graphs or stats.graph_breaks or stats.recompiles):
         return {}
-    return {"torch_compile": trace_facts()}
+    under_inference_mode = {"inference_mode_compiles": tuple(_REG.inference_mode)} if _REG.inference_mode else {}
+    return {"torch_compile": trace_facts(), **under_inference_mode}
 
 
 def reset_stats() -> None:
@@ -145,6 +150,7 @@ def reset_stats() -> None:
     torch._dynamo.reset()
     clear_compilation_metrics()
     _REG.graphs.clear()
+    _REG.inference_mode.clear()
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:
@@ -269,6 +275,7 @@ class JaxGraph:
         self._program: Program | None = None        # built at the first recorded call
         self._tpu_stablehlo: str | None = None      # tpu_stablehlo(), once asked
         self._boxed_call = True
+        self.numerics: GraphNumerics | None = graph_numerics()   # --numerics tpu: fixed at compile, as XLA's
 
     def _record(self, inputs: list, outputs: list) -> None:
         """While recording: this execution's ops, priced by the simulator as one program."""
@@ -306,6 +313,8 @@ class JaxGraph:
         hit = cache.lookup(key)                          # torch.tpu._get_cache_stats(): one request per execution
         started = time.perf_counter()
         shapes_only = STATE.numerics is False           # tensors have no memory: shapes and dtypes only
+        if self.numerics is not None and not shapes_only:
+            return self._call_on_host(args, key, hit, started)
         convert = _spec if shapes_only else (lambda t: tensor_to_numpy(_host(t)))
         inputs = [convert(a) if isinstance(a, torch.Tensor) else a for a in args]
         bound = list(args) if STATE.recording else []
@@ -338,6 +347,33 @@ class JaxGraph:
         if bound:
             self._record(bound, final)
         return final
+
+
+    def _call_on_host(self, args: list, key: str, hit: bool, started: float) -> list:
+        """--numerics tpu: the graph's Core ATen ops on the host at the TPU's precision (tpusim/backend/
+        tpu_numerics.py), not through JAX, whose CPU computes every dot in f32."""
+        bound = list(args) if STATE.recording else []
+        outs = self.numerics.run(self.gm, [_hosted(a) for a in args])
+        args.clear()                                     # boxed convention: free inputs early
+        if not hit:
+            cache.compiled(key, time.perf_counter() - started)
+        final = list(outs)
+        slots = [i for i, o in enumerate(outs) if isinstance(o, torch.Tensor)]
+        devices = [self.devices[i] or torch.device("cpu") for i in slots]
+        for i, t in zip(slots, _to_device([outs[i] for i in slots], devices)):
+            final[i] = t
+        if bound:
+            self._record(bound, final)
+        return final
+
+
+def _hosted(value: object) -> object:
+    """A graph input on the host: tensors as ``_host`` gives them, in lists too (a segment's input)."""
+    if isinstance(value, torch.Tensor):
+        return _host(value)
+    if isinstance(value, list | tuple):
+        return type(value)(_hosted(v) for v in value)
+    return value
 
 
 def _compiler(kind: str, debug: TpuCompileDebug | None = None, name: str = "") -> Callable:
@@ -477,9 +513,22 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: object
                                 pre_autograd_fx_readable=[gm.print_readable(print_output=False)])
         options["debug_callback"](debug)
     use_fused_attention(gm)     # SDPA as one fused op, not bmm + softmax + bmm (tpusim/backend/flash_attention.py)
-    return aot_autograd(fw_compiler=_compiler("forward", debug, name), bw_compiler=_compiler("backward", debug, name),
-                        inference_compiler=_compiler("inference", debug, name),
-                        decompositions=core_aten_decompositions())(gm, example_inputs)
+    return _noting_inference_mode(aot_autograd(
+        fw_compiler=_compiler("forward", debug, name), bw_compiler=_compiler("backward", debug, name),
+        inference_compiler=_compiler("inference", debug, name),
+        decompositions=core_aten_decompositions())(gm, example_inputs))
+
+
+def _noting_inference_mode(compiled: Callable) -> Callable:
+    """``compiled``, noting the user's line when it runs under torch.inference_mode(): Dynamo compiles with the
+    mode off and runs with it on, which works here and fails on TorchTPU (the lint's compile-inference-mode)."""
+    @functools.wraps(compiled)
+    def run(*args: object, **kwargs: object) -> object:
+        if torch.is_inference_mode_enabled():
+            _REG.inference_mode.setdefault(user_source())
+        return compiled(*args, **kwargs)
+
+    return run
 
 
 def _on_tpu(gm: torch.fx.GraphModule, example_inputs: list) -> bool:

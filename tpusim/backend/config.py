@@ -10,8 +10,9 @@ TPUSIM_CHIP        chip generation simulated (a topologies/chips/*.toml name, or
                    capacity per device and the number of devices (chips per host)
 TPUSIM_DEVICES     number of tpu devices in this process, 1..64 (default: the chip's devices per host)
 TPUSIM_HBM_BYTES   HBM capacity per device in bytes (default: the chip's per device; 0 = unlimited)
-TPUSIM_NUMERICS    "on" (default) or "off" (also 1/0, true/false, yes/no: tpusim/envvars.py's ``yes_no``):
-                   off is shape-only mode, no host memory, values unreadable
+TPUSIM_NUMERICS    "on" (default), "off" (also 1/0, true/false, yes/no: tpusim/envvars.py's ``yes_no``) or
+                   "tpu": off is shape-only mode, no host memory, values unreadable; tpu computes f32
+                   matmuls, convolutions and attention as a TPU does (tpusim/backend/tpu_numerics.py)
 TPUSIM_F64         "warn" (default): float64/complex ops run on the host with a warning once
                    per op; "error": they raise; "allow": silent
 TPUSIM_TARGET      "sim" (default): ops computed by CPU kernels on host memory; "pjrt": through
@@ -33,6 +34,10 @@ TORCH_TPU_TOPOLOGY the slice's shape in chips, "2,2,1" or "2x2x1"; on a chip wit
                    and get_local_device_attributes (``DeviceConfig.topology``)
 TORCH_TPU_DEVICES_PER_HOST  devices per host (default: the chip's chips per host x devices per
                    chip): the process index of a rank in get_local_device_attributes
+ACCELERATOR_TYPE   Cloud TPU's accelerator type, "v6e-8", "v5litepod-4", "v5p-16", "tpu7x-8" (TorchTPU's
+                   notebooks set it): the chip when TPUSIM_CHIP is unset, and the devices of this host
+                   when TORCH_TPU_DEVICES_PER_HOST is unset: the slice's chips (the number counts
+                   TensorCores: chips x the chip's TensorCores per chip), at most a host's, x devices per chip
 
 Chips with two devices per chip (``ChipSpec.devices_per_chip``, v7) show each device with half of
 the chip's HBM and twice the chip's chips per host as the default device count, as TorchTPU does.
@@ -74,6 +79,7 @@ class DeviceConfig:
 
     chip: ChipSpec                         # the chip simulated (tpusim.hardware.spec), not its name
     numerics: bool = True                  # False: shape-only mode (no host memory; values unreadable)
+    tpu_numerics: bool = False             # True: f32 contractions at a TPU's precision (backend/tpu_numerics.py)
     f64: str = "warn"                      # float64/complex policy (tpusim/backend/policy.py): F64_POLICIES
     device_count: int | None = None        # devices tpu:0..N-1 in this process; None: the visible devices,
                                            # else the chip's devices per host
@@ -100,6 +106,10 @@ class DeviceConfig:
         if self.hbm_bytes is None:
             object.__setattr__(self, "hbm_bytes", self.chip.hbm_bytes // per_chip)
         checks = (("numerics", isinstance(self.numerics, bool), "True or False"),
+                  ("tpu_numerics", isinstance(self.tpu_numerics, bool) and (
+                      not self.tpu_numerics or (self.numerics and self.target == "sim")),
+                   "True or False; True needs numerics=True (shape-only mode computes no values) and the sim "
+                   "target (the pjrt target computes through JAX: a TPU's own numbers on a TPU)"),
                   ("f64", self.f64 in F64_POLICIES, ", ".join(F64_POLICIES)),
                   ("device_count", _whole(self.device_count) and 1 <= self.device_count <= MAX_DEVICES,
                    f"1..{MAX_DEVICES}"),
@@ -167,10 +177,31 @@ def _count(name: str, low: int, high: int | None, accepted: str) -> int | None:
         raise TpusimError(f"{name}={raw!r}; accepted: {accepted}") from None
 
 
+ACCELERATOR_TYPE_ENV = "ACCELERATOR_TYPE"
+
+
+def _accelerator_type() -> tuple[ChipSpec, int] | None:
+    """ACCELERATOR_TYPE "v6e-8" -> (the chip, the slice's chips); None when unset or not a chip tpusim has."""
+    raw = _raw(ACCELERATOR_TYPE_ENV)
+    if raw is None:
+        return None
+    name, _, cores = raw.rpartition("-")
+    try:
+        if not name or not ascii_whole(cores) or int(cores) < 1:
+            raise TpusimError('accepted: a Cloud TPU accelerator type such as "v6e-8", "v5litepod-4" or "tpu7x-8"')
+        chip = load_chip(name)
+    except TpusimError as err:       # TorchTPU's variable, set for hardware: one tpusim lacks is not an error here
+        warnings.warn(f"tpusim: {ACCELERATOR_TYPE_ENV}={raw!r} ignored ({err}); TPUSIM_CHIP names the chip",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    return chip, max(int(cores) // chip.tensorcores_per_chip, 1)
+
+
 def _chip(name: str) -> ChipSpec:
     raw = _raw(name)
     if raw is None:
-        return default_chip()
+        accelerator = _accelerator_type()
+        return default_chip() if accelerator is None else accelerator[0]
     try:
         return load_chip(raw)
     except TpusimError as err:
@@ -180,6 +211,14 @@ def _chip(name: str) -> ChipSpec:
 TOPOLOGY_ENV = "TORCH_TPU_TOPOLOGY"
 DEVICES_PER_HOST_ENV = "TORCH_TPU_DEVICES_PER_HOST"
 VISIBLE_DEVICES_ENV, VISIBLE_CHIPS_ENV = "TPU_VISIBLE_DEVICES", "TPU_VISIBLE_CHIPS"
+
+
+def _accelerator_host(chip: ChipSpec) -> int | None:
+    """The devices of this host ACCELERATOR_TYPE gives for ``chip``: its slice's chips, at most a host's."""
+    accelerator = _accelerator_type()
+    if accelerator is None:
+        return None
+    return min(accelerator[1], chip.chips_per_host) * chip.devices_per_chip
 
 
 def _topology(name: str, chip: ChipSpec) -> tuple[int, ...] | None:
@@ -242,7 +281,7 @@ def load_config(**given: object) -> DeviceConfig:
                               f"it for the processes it starts, unset it to use the other TPUSIM_* variables") from None
     readers = {
         "chip": lambda: _chip("TPUSIM_CHIP"),
-        "numerics": lambda: envvars.read("TPUSIM_NUMERICS"),      # the check's own parser (envvars.yes_no)
+        "numerics": lambda: envvars.read("TPUSIM_NUMERICS"),      # the check's own parser (envvars.numerics_word)
         "f64": lambda: _choice("TPUSIM_F64", "warn", F64_POLICIES),
         "device_count": lambda: _count("TPUSIM_DEVICES", 1, MAX_DEVICES, f"a whole number 1..{MAX_DEVICES}"),
         "hbm_bytes": lambda: _count("TPUSIM_HBM_BYTES", 0, MAX_HBM_BYTES,
@@ -250,9 +289,14 @@ def load_config(**given: object) -> DeviceConfig:
         "target": lambda: _choice("TPUSIM_TARGET", "sim", TARGETS),
     }
     fields = {name: given[name] if name in given else read() for name, read in readers.items()}
+    word = fields["numerics"]                     # "on", "off" or "tpu" from the variable; a given bool as it is
+    if isinstance(word, str):
+        fields["numerics"] = word != "off"
+    fields["tpu_numerics"] = given.get("tpu_numerics", word == "tpu")
     chip = fields["chip"]
     torch_tpu = {
-        "devices_per_host": lambda: _count(DEVICES_PER_HOST_ENV, 1, None, "a whole number >= 1"),
+        "devices_per_host": lambda: _count(DEVICES_PER_HOST_ENV, 1, None, "a whole number >= 1")
+        or _accelerator_host(chip),
         "topology": lambda: _topology(TOPOLOGY_ENV, chip),
     }
     fields.update({name: given[name] if name in given else read() for name, read in torch_tpu.items()})

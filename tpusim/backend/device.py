@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from tpusim.backend import compile as compile_backend
-from tpusim.backend import compiler, debug, fallback, recorder, rnn, shim, shutdown, torchtpu, tpu_module
+from tpusim.backend import compiler, debug, fallback, recorder, rnn, shim, shutdown, torchtpu, tpu_module, tpu_numerics
 from tpusim.backend.config import DeviceConfig, load_config
 from tpusim.backend.state import STATE
 from tpusim.backend.targets import select
@@ -97,6 +97,7 @@ def _apply(module: object, cfg: DeviceConfig) -> None:
     STATE.config = cfg
     STATE.numerics = cfg.numerics
     STATE.host_device = torch.device("cpu") if cfg.numerics else torch.device("meta")
+    tpu_numerics.configure(cfg.tpu_numerics)     # --numerics tpu: contractions as a TPU computes them
     STATE.default_generators = tuple(module.default_generator(i) for i in range(cfg.device_count))
 
 

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from tpusim.backend import tpu_numerics
 from tpusim.backend.state import STATE
 
 OPS = ("gru.input", "lstm.input", "rnn_tanh.input", "rnn_relu.input")     # adding an RNN op = one name here
@@ -57,6 +58,8 @@ def _kernel(overload: torch._ops.OpOverload):
 def _fast(input: torch.Tensor, hidden: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> bool:
     """Whether the values are all that is needed and CPU's kernel can give them on these tensors."""
     if STATE.recording or not STATE.numerics or STATE.debug or getattr(STATE.target, "name", "") != "sim":
+        return False
+    if tpu_numerics.is_on():                     # --numerics tpu: the gate matmuls as a TPU computes them
         return False
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
         return False

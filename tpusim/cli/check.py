@@ -55,7 +55,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--chip", help="chip generation, e.g. v5p, v6e")
     parser.add_argument("--mode", default=DEFAULT_MODE, help=f"eager mode(s) (default {DEFAULT_MODE}); "
                                                               f"budgets apply to every mode given")
-    parser.add_argument("--numerics", choices=("on", "off"), default="on", help="off: shape-only run")
+    parser.add_argument("--numerics", choices=("on", "off", "tpu"), default="on",
+                        help="off: shape-only run; tpu: a TPU's values (as tpusim run --numerics)")
     parser.add_argument("--placement", metavar="MAP", help="DeviceMesh dims -> torus axes, e.g. 'tp=x,fsdp=yz'")
     parser.add_argument("--max-step-time", metavar="T", type=_flag(parse_seconds),
                         help="fail when the median steady-state step is slower than T (12ms, 0.5s)")
@@ -101,7 +102,7 @@ def run_options(args: argparse.Namespace, out_dir: Path) -> RunOptions:
     from tpusim.run.options import RunOptions, modes_of
 
     return RunOptions(script=args.script, script_args=tuple(args.script_args), chip=args.chip, topology=args.topology,
-                      modes=modes_of(args.mode), numerics=args.numerics == "on", placement=args.placement,
+                      modes=modes_of(args.mode), numerics=args.numerics, placement=args.placement,
                       out=str(out_dir), quiet=True, compiler=args.compiler, calibration=not args.no_calibration)
 
 

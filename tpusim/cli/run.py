@@ -23,6 +23,7 @@ examples:
   python -m tpusim run examples/mlp.py                          # one v5p chip, strict mode
   python -m tpusim run examples/transformer.py --topology 3d:8x8x8 --mode all
   python -m tpusim run examples/transformer.py --numerics off -- --layers 24 --d-model 2048
+  python -m tpusim run examples/mlp.py --numerics tpu           # the values a TPU computes (bf16 MXU passes)
   python -m tpusim run examples/dlrm.py --chip v5e --topology 2d:4x4 --out reports/dlrm-v5e
   python -m tpusim run examples/mlp.py --target pjrt --mode all # also run each mode for real through JAX
 
@@ -40,26 +41,42 @@ What it writes (in --out, default reports/<script>-<topology>-<time>/):
 """
 
 
+NUMERICS_HELP = """\
+how values are computed (default on):
+on: as CPU computes them, bit for bit
+off: not at all: shape-only, no tensor memory
+tpu: as a TPU does: f32 matmul/conv/attention in bf16"""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the line breaks of a flag's help that has them (--numerics: one line per value), wraps the rest."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        wrap = super()._split_lines
+        return [line for part in text.splitlines() for line in wrap(part, width)]
+
+
 def add_parser(subparsers) -> None:
     from tpusim.eager.modes import DEFAULT_MODE, MODES
     from tpusim.hardware.calibration import add_calibration_argument
+    from tpusim.run.options import NUMERICS
     from tpusim.slice.faults import add_fault_arguments
     from tpusim.xla.programs import COMPILERS
 
     parser = subparsers.add_parser(
         "run", help="run a PyTorch script on a simulated TPU slice and report what it would cost",
         description="Run SCRIPT with its tensors on the simulated 'tpu' device and write a cost report.",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EXAMPLES, formatter_class=_Formatter)
     parser.add_argument("script", metavar="SCRIPT", help="the Python file to run, e.g. examples/mlp.py")
     parser.add_argument("--topology", metavar="SPEC",
                         help="slice shape, e.g. 3d:8x8x8 or 2d:16x16 (default: a single chip)")
     parser.add_argument("--chip", help="chip generation, e.g. v5p, v6e (default: by topology; v5p alone)")
-    parser.add_argument("--mode", default=DEFAULT_MODE,
-                        help=f"eager mode(s) to price: {', '.join(MODES)}, a comma list, or all "
-                             f"(default {DEFAULT_MODE}); one recording is priced per mode")
-    parser.add_argument("--numerics", choices=("on", "off"), default="on",
-                        help="off: shape-only run (no tensor memory; prices models larger than this "
-                             "machine; reading values is an error)")
+    parser.add_argument("--mode", default=None,
+                        help=f"eager mode(s) to price: {', '.join(MODES)}, a comma list, or all (default: the "
+                             f"mode the environment selects for the script, TPUSIM_EAGER_MODE or TorchTPU's "
+                             f"TORCH_TPU_DEFER_AND_FUSE / TORCH_TPU_LAUNCH_BLOCKING, else {DEFAULT_MODE}); one "
+                             f"recording is priced per mode")
+    parser.add_argument("--numerics", choices=NUMERICS, default="on", help=NUMERICS_HELP)
     parser.add_argument("--out", metavar="DIR", help="report folder (default reports/<script>-<topology>-<time>)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines, only the final summary")
     parser.add_argument("--ranks", choices=("auto", "one", "all"), default="auto",

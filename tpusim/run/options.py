@@ -9,13 +9,19 @@ modes are resolved here, once, into their ``EagerMode`` objects.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass, field
+from typing import Literal
 
 from tpusim.eager.modes import DEFAULT_MODE, MODES, EagerMode, get_mode, resolve_modes
+from tpusim.eager.state import mode_from_environment
+from tpusim.errors import TpusimError
 
 RANKS = ("auto", "one", "all")
 TARGETS = ("sim", "pjrt")
+Numerics = Literal["on", "off", "tpu"]
+NUMERICS: tuple[Numerics, ...] = ("on", "off", "tpu")   # as --numerics, TPUSIM_NUMERICS and report.json spell them
 
 
 @dataclass(frozen=True)
@@ -28,7 +34,7 @@ class RunOptions:
     chip: str | None = None                 # None: by topology (v5p for a single chip)
     topology: str | None = None             # None: a single chip
     modes: tuple[EagerMode, ...] = field(default_factory=lambda: (MODES[DEFAULT_MODE],))
-    numerics: bool = True                   # False: shape-only run (--numerics off)
+    numerics: Numerics = "on"               # on: CPU's values; off: shape-only; tpu: a TPU's (--numerics)
     placement: str | None = None            # DeviceMesh dims -> torus axes, e.g. 'tp=x,fsdp=yz'
     compare_placements: bool = False
     ranks: str = "auto"                     # RANKS
@@ -44,20 +50,20 @@ class RunOptions:
     calibration: bool = True                # the chip's calibration (topologies/calibration/); False: datasheet
     quiet: bool = False
 
+    def __post_init__(self) -> None:
+        if self.numerics not in NUMERICS:
+            raise TpusimError(f"RunOptions.numerics={self.numerics!r}; accepted: {', '.join(NUMERICS)}")
+
     @property
     def mode_names(self) -> tuple[str, ...]:
         return tuple(mode.name for mode in self.modes)
-
-    @property
-    def numerics_word(self) -> str:
-        """'on' or 'off', as the flag, report.json and the script's TPUSIM_NUMERICS spell it."""
-        return "on" if self.numerics else "off"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RunOptions:
         """`tpusim run`'s parsed command line (the mode text is resolved here; unknown names are refused)."""
         return cls(script=args.script, script_args=tuple(args.script_args), chip=args.chip,
-                   topology=args.topology, modes=modes_of(args.mode), numerics=args.numerics == "on",
+                   topology=args.topology, modes=modes_of(args.mode or mode_from_environment(os.environ)),
+                   numerics=args.numerics,
                    placement=args.placement, compare_placements=args.compare_placements, ranks=args.ranks,
                    target=args.target, pjrt_timeout_s=args.pjrt_timeout or None,
                    tokens_per_step=args.tokens_per_step, max_records=args.max_records,
@@ -68,7 +74,7 @@ class RunOptions:
     def argv(self) -> list[str]:
         """The `python -m tpusim run ...` command line that asks for exactly these options."""
         command = [sys.executable, "-m", "tpusim", "run", str(self.script), "--mode", ",".join(self.mode_names),
-                   "--numerics", self.numerics_word,
+                   "--numerics", self.numerics,
                    "--ranks", self.ranks, "--target", self.target, "--compiler", self.compiler]
         flags = {"--chip": self.chip, "--topology": self.topology, "--placement": self.placement,
                  "--tokens-per-step": self.tokens_per_step, "--max-records": self.max_records,

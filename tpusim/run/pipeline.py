@@ -132,16 +132,17 @@ def _record_and_report(options: RunOptions, script: Path, slice_, device: JaxDev
     """Run the script once, recording; then price, report, and return the exit status."""
     chips = f"{slice_.total_chips} chip{'' if slice_.total_chips == 1 else 's'}"
     progress.say(f"running {script.name} on {slice_.spec} ({slice_.chip.display_name}, {chips}), "
-                 f"numerics {options.numerics_word}")
+                 f"numerics {options.numerics}")
     backend = _import_backend()
-    settings: dict[str, object] = {"chip": datasheet_chip(slice_.chip), "numerics": options.numerics}
+    settings: dict[str, object] = {"chip": datasheet_chip(slice_.chip), "numerics": options.numerics != "off",
+                                   "tpu_numerics": options.numerics == "tpu"}
     settings["topology"] = slice_.dims      # torch.tpu.topology_aware_mesh & co. see the --topology slice
     if device is not None:                   # record on the simulator; JAX's device stays free for the real runs
         settings["target"] = "sim"
     if len(options.modes) == 1:                      # the script runs in the one mode priced (tpusim/eager/state.py)
         settings["eager_mode"] = options.modes[0].name
     backend.configure(backend.load_config(**settings))   # the rest (TPUSIM_F64, ...) from the environment
-    os.environ["TPUSIM_NUMERICS"] = options.numerics_word  # for the script only: examples/*.py print no values when off
+    os.environ["TPUSIM_NUMERICS"] = options.numerics  # for the script only: examples/*.py print no values when off
     import torch
 
     from tpusim.backend.distributed import runner
@@ -208,7 +209,7 @@ def _jax_device(options: RunOptions, progress: Progress) -> JaxDevice:
     from tpusim.run.measure import probe_device, require_jax
 
     require_jax()
-    if not options.numerics:
+    if options.numerics == "off":
         raise TpusimError("--numerics off computes no values, so nothing could run for real: "
                           "--target pjrt needs --numerics on")
     progress.say("asking JAX for its device")
@@ -411,7 +412,7 @@ def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version
                                not_priced=tuple(m for m in options.mode_names if m not in timelines))
                    if script_stopped or not priced else None)
     info = RunInfo(script=options.script, argv=options.script_args, topology=slice_.spec,
-                   numerics=options.numerics_word, target=options.target, torch_version=torch_version,
+                   numerics=options.numerics, target=options.target, torch_version=torch_version,
                    error_type=outcome.error_type, error_traceback=outcome.error, exit_code=outcome.exit_code,
                    interrupted=interrupted, tokens_per_step=options.tokens_per_step,
                    recording_stopped=recording_stopped)

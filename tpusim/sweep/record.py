@@ -34,7 +34,7 @@ def run_command(script: Path, combination: Combination, folder: Path, *, chip: s
                 tokens: int | None, fixed_args: list[str]) -> list[str]:
     """The `tpusim run` command line recording ``combination`` (shape-only, one process for the world)."""
     options = RunOptions(script=str(script), script_args=(*fixed_args, *script_argv(combination)), chip=chip or None,
-                         topology=topology or None, numerics=False, ranks="one", tokens_per_step=tokens or None,
+                         topology=topology or None, numerics="off", ranks="one", tokens_per_step=tokens or None,
                          out=str(folder), quiet=True)
     return options.argv()
 

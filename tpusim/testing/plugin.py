@@ -251,7 +251,7 @@ def run_script(script: str | Path, *args: str, out: Path, cwd: Path | None = Non
 
     try:
         options = RunOptions(script=str(script), script_args=args, chip=chip, topology=topology,
-                             numerics=numerics == "on", placement=placement, out=str(out), quiet=True,
+                             numerics=numerics, placement=placement, out=str(out), quiet=True,
                              **({} if mode is None else {"modes": modes_of(mode)}))
     except TpusimError as error:
         pytest.fail(f"tpusim run {script}: {error}", pytrace=False)

@@ -514,6 +514,7 @@ class TraceMeta:
     eager_mode: str | None = None           # the eager mode the recording started in
     f64_ops: tuple[str, ...] | None = None  # ops that ran in float64/complex (on the host)
     torch_compile: CompileFacts | None = None   # only when the program used torch.compile
+    inference_mode_compiles: tuple[str, ...] | None = None   # lines that ran a compiled graph under inference_mode
     meshes: tuple[Mesh, ...] | None = None  # every root DeviceMesh on "tpu", in creation order
     ranks: str | None = None                # "one" (rank 0 priced by symmetry) or "all" (every rank ran)
     ranks_recorded: tuple[int, ...] | None = None   # --ranks all: the ranks whose traces were merged

@@ -5,7 +5,8 @@ tensors: the CPU kernel, or the hand-written kernel of tpusim/backend/kernels.py
 wrong for the device, computes the values in place of a TPU. Nothing is ever pending, so
 ``flush`` has nothing to do, and the eager mode changes only what the simulator prices
 (tpusim/eager/modes.py), never the numbers. ``run_kernel`` is also how the PJRT target runs the ops
-it keeps on the host.
+it keeps on the host. With --numerics tpu (tpusim/backend/tpu_numerics.py) the contracting ops' kernels run
+at the TPU's precision instead.
 
 While it is held outside debug eager mode, the shim's fallback runs the common op itself, in C++
 (tpusim/backend/csrc/fallback.cpp): the same CPU kernel on the same aliases, without the Python call
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from tpusim.backend import tpu_numerics
 from tpusim.backend.fallback import OverloadPlan
 from tpusim.backend.state import STATE
 from tpusim.backend.targets.base import Target
@@ -33,6 +35,8 @@ class SimTarget(Target):
     name = "sim"
 
     def execute(self, op: torch._ops.OpOverload, plan: OverloadPlan, host_args: list, host_kwargs: dict) -> object:
+        if tpu_numerics.applies(plan.name):              # --numerics tpu: a contraction as a TPU computes it
+            return tpu_numerics.execute(op, plan, host_args, host_kwargs, run_kernel)
         return run_kernel(op, plan, host_args, host_kwargs)
 
     def activate(self) -> None:

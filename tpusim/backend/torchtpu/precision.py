@@ -6,13 +6,18 @@
 
 ``Precision`` is StableHLO's ``dot_general`` precision (openxla.org/stablehlo/spec#dot_general): on a TPU
 an f32 matmul at DEFAULT rounds its operands to bf16 and takes one MXU pass, HIGH takes three (bf16_3x),
-HIGHEST six (bf16_6x). tpusim's numbers stay CPU's f32 at every precision (so results match CPU exactly);
-what changes is the price: the precision in effect is recorded in the trace meta
+HIGHEST six (bf16_6x). With numerics on (the default) tpusim's numbers stay CPU's f32 at every precision
+(so results match CPU exactly); with ``--numerics tpu`` (TPUSIM_NUMERICS=tpu) f32 matmuls, convolutions and
+attention are computed as the TPU computes them at the precision in effect, and a compiled graph keeps its
+bf16 values in f32 while ``allow_excess_precision`` is on (tpusim/backend/tpu_numerics.py, which reads both
+settings from here). Either way the price changes: the precision in effect is recorded in the trace meta
 (``TraceMeta.matmul_precision``: the highest one used while recording, with its bf16 pass count) for the
 simulator to price f32 matmuls at that many passes. ``allow_excess_precision`` (XLA's
 ``--xla_allow_excess_precision``, default off as in TorchTPU, read from XLA_FLAGS until set) lets XLA
-keep bf16 values in f32 between fused ops; it is recorded beside the precision and changes no number here.
+keep bf16 values in f32 between the ops of one compiled program; it is recorded beside the precision.
 Nothing is recorded for a program that never touches these settings (DEFAULT, one pass, is the default).
+As in TorchTPU, ``torch.set_float32_matmul_precision`` and ``torch.backends``' fp32 settings change nothing
+here: TorchTPU's precision is its own context (DEFAULT unless ``torch.tpu.precision`` says otherwise).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import enum
 import os
 from collections.abc import Iterator
 
-from tpusim.backend import recorder
+from tpusim.backend import recorder, tpu_numerics
 from tpusim.backend.state import STATE
 from tpusim.errors import TpusimError
 from tpusim.trace.records import MatmulPrecision
@@ -131,3 +136,4 @@ class _TpuBackendConfig:
 
 BACKEND_CONFIG = _TpuBackendConfig()
 recorder.add_meta_source(trace_meta)
+tpu_numerics.use_settings(lambda: current().value, get_allow_excess_precision)

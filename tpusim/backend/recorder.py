@@ -305,6 +305,16 @@ def _lifetimes(program: Program, storage: dict[int, int]) -> tuple[dict[int, lis
     return allocs, frees
 
 
+def recorded() -> list[Record]:
+    """The active recording's records so far (the shim's log drained first); empty when none records."""
+    rec = _ACTIVE
+    if rec is None:
+        return []
+    with rec.lock:
+        _drain(rec)
+        return list(rec.records)
+
+
 def record_host(event: str, reason: str, nbytes: int = 0) -> None:
     rec = _ACTIVE
     if rec is None:

@@ -203,6 +203,13 @@ del C, Q, A, R, G, D, E
 FOREACH_PREFIX = "_foreach_"
 
 
+def add_kernel(name: str, op: Op = Op(Family.OPAQUE)) -> None:
+    """Give a kernel a program defines while it runs its row (torch_tpu's ``jax_op``: a user's JAX function as
+    one torch op, "ns::name"); by default one opaque kernel: never fused, 1 FLOP per output element, its
+    tensors' bytes. Its records carry the family, so a saved trace prices the same without the row."""
+    OPS[base_name(name)] = op
+
+
 def base_name(op: str) -> str:
     """"aten::add_.Tensor" -> "add": in-place, out and overload variants share a family and a rule."""
     short = op.removeprefix("aten::").split(".")[0]

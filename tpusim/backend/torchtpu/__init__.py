@@ -17,6 +17,11 @@ one module per group, and tpusim/backend/tpu_module.py (``torch.tpu``) re-export
 - ops.py          ``torch.tpu.ops``: splash attention, ragged_dot, the SparseCore ``sparse_dense_matmul``
                   family, each one op (``tpu::<name>``) with CPU numerics, priced by its own cost rule
 
+- pallas.py, deferred.py, sync.py, profiler.py, checks.py, tracing.py, launchers.py: the names of TorchTPU's
+                  ``torch_tpu`` package (``jax_op``; the pending Fused graph and ``computation_mlir``; ``profile``;
+                  ``assert_close``; ``OpTracer``; ``singlehost_wrapper``, ``handle_main``), which the top-level
+                  ``torch_tpu`` package (beside tpusim/) re-exports under TorchTPU's module paths
+
 - unsupported.py  a name TorchTPU has that cannot mean anything without hardware (or that tpusim does not
                   model yet) is one row of its table: it exists and raises a ``TpusimError`` naming itself
                   and why when used, never an ``AttributeError``

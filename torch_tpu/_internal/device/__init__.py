@@ -1,0 +1,1 @@
+"""TorchTPU's ``torch_tpu._internal.device``: ``_device_module``."""

@@ -1,0 +1,1 @@
+"""TorchTPU's ``torch_tpu._internal.distributed``: ``launchers``, ``multiprocessing``."""

@@ -1,0 +1,1 @@
+"""TorchTPU's shim path (see g3_multiprocessing.py)."""

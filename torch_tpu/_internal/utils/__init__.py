@@ -1,0 +1,1 @@
+"""TorchTPU's ``torch_tpu._internal.utils``: ``utils``, ``test_utils``, ``log_utils``."""

@@ -2,7 +2,9 @@
 
 Tensors are float32 vectors of 250 000 elements = 1 MB (1e6 bytes) unless said otherwise; storages
 are named by small integers; storage 1 is the user's input x (no alloc/free in the trace: it outlives
-the trace).
+the trace). Grouping and bytes are worked out inside one executable: every cluster here compiles whole
+(``whole_graph``, TorchTPU's kFullGraph); how a cluster splits into executables at its materialization
+points (kSplitGraph, TorchTPU's default) is tested in test_fused_torchtpu_rules.py.
 """
 
 import dataclasses
@@ -26,6 +28,12 @@ from tpusim.trace.records import (
     Trace,
     renumber,
 )
+
+
+@pytest.fixture(autouse=True)
+def whole_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each cluster compiles as one executable, so the grouping rules are seen whole."""
+    monkeypatch.setattr(fusion, "splits_graph", lambda cut: False)
 
 
 def toy_chip(**overrides):
@@ -239,7 +247,9 @@ def test_an_entering_value_read_on_both_sides_of_a_reduction_is_read_twice_when_
     assert (over.bytes_read, over.reused_bytes, over.spilled_bytes) == (2 * MB, 0, MB)
 
 
-def test_non_fusible_ops_run_alone_and_cut_the_window():
+def test_ops_fusion_cannot_fuse_join_the_cluster_as_kernels_of_their_own():
+    # TorchTPU defers every op it lowers (gathers, copies, sorts...): they stay in the cluster, each a kernel
+    # of its own there (fusion's opaque role); only a host read runs outside the graph and ends it
     emb = OpRecord(0, "aten::embedding", "sparsecore", "float32", (t(8), t(9)), (t(3),), bytes_read=MB,
                    bytes_written=MB)
     copy = OpRecord(0, "aten::copy_", "dma", "float32", (t(3),), (t(4),), bytes_read=MB, bytes_written=MB)
@@ -247,9 +257,11 @@ def test_non_fusible_ops_run_alone_and_cut_the_window():
     srt = dataclasses.replace(ew("sort", [5], 6), op="aten::sort.stable", family="opaque")
     records = renumber([ew("mul", [1], 2), emb, copy, unpriced, srt, ew("add", [6], 7)])
     fused = fuse(records, toy_chip())
-    assert [type(r) for r in fused.records] == [FusedKernel, OpRecord, OpRecord, OpRecord, OpRecord, FusedKernel]
-    # Only the first one ends a window (the others find none open).
-    assert fused.records[1:5] == records[1:5] and fused.stats.cuts == {"opaque": 1, "end": 1}
+    assert [len(k.parts) for k in kernels(fused.records)] == [1] * 6
+    assert {k.window for k in kernels(fused.records)} == {1} and fused.stats.cuts == {"end": 1}
+    read = OpRecord(0, "aten::_local_scalar_dense", "vpu", "float32", (t(7),), ())
+    fused = fuse(renumber([*records, read, ew("mul", [7], 8)]), toy_chip())
+    assert fused.stats.cuts == {"opaque": 1, "end": 1} and type(fused.records[6]) is OpRecord
 
 
 def test_a_fusion_rule_is_one_table_entry(monkeypatch):

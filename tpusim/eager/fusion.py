@@ -6,16 +6,22 @@ on-chip memory, so a chain of small elementwise ops costs about what its first i
 output cost to move. ``fuse(records, chip)`` is a pure trace transform; ``tpusim.eager.modes``
 turns it into the Fused eager policy.
 
-**Windows** (TorchTPU's clusters: what the host defers before anything runs, compiled as one
-executable) end where ``tpusim.eager.windows.WindowCutter`` says: at host syncs and copies,
-collectives, non-fusible ops (role ``opaque``: SparseCore and DMA work, ops without counted
-work, the opaque family of ``tpusim.trace.ops``; they run alone), step markers, a change of eager
-mode, the end of backward(), and by TorchTPU's heuristics (stale, forced split, dynamic shapes,
-repeated layers; the cutter's docstring says what each does; a value with two consumers is an
-output of its cluster, not a cut). ``op_node`` is what the cutter
-sees of an op (the PJRT fused target feeds it the same for the ops it runs, so both make the
-same clusters). Each kernel of a cluster carries its number and the rule that ended it
-(``FusedKernel.cluster``, ``.cut``): the compile cache keys the cluster as one region.
+**Windows** (TorchTPU's clusters: what the host defers before anything runs) end where
+``tpusim.eager.windows.WindowCutter`` says: at host syncs, collectives (unless TorchTPU's
+``TORCH_TPU_INTERNAL_MATERIALIZE_COLLECTIVE_TENSORS=0`` keeps them in the graph, where a collective runs as
+itself among the cluster's kernels), host reads, step markers, a change of eager mode, the end of
+backward(), and by TorchTPU's heuristics (stale, forced split, dynamic shapes, random draws, repeated
+layers; the cutter's docstring says what each does; a value with two consumers is an output of its
+cluster, not a cut). Every op TorchTPU lowers stays in its cluster (gathers, copies, fills, sorts: fusion's
+opaque role makes each a kernel of its own there); a host->device copy fills a fresh buffer and cuts
+nothing. ``op_node`` is what the cutter sees of an op (the PJRT fused target feeds it the same for the ops
+it runs, so both make the same clusters). When a cluster runs, its **dead** ops (nothing held or read what
+they made: TorchTPU's queue holds them by weak references) are dropped unpriced, and the rest run as
+TorchTPU's executables (``tpusim.eager.windows.splits_graph``): one per materialization point (a value
+held at the cut, or read past the next such point) unless a repeat cut under ``aggressive`` compiles the
+cluster whole. Each kernel carries its executable's number, its cluster's and the rule that ended it
+(``FusedKernel.cluster``, ``.window``, ``.cut``): the compile cache keys an executable as one region. An
+empty tensor read in a cluster is a constant re-emitted there, not an HBM read.
 
 **Grouping.** Within a window, ops are taken in program order and grouped by data
 dependence (which write of which storage id each input reads). An op joins the kernel(s)
@@ -81,7 +87,16 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tpusim.eager.windows import BACKWARD_REASON, Node, WindowCutter, node_key
+from tpusim.eager.windows import (
+    BACKWARD_REASON,
+    Node,
+    WindowCutter,
+    defers,
+    materialization_chunks,
+    materialize_collectives,
+    node_key,
+    splits_graph,
+)
 from tpusim.hardware.spec import ChipSpec
 from tpusim.trace.ops import base_name, fusion_role
 from tpusim.trace.records import (
@@ -99,13 +114,15 @@ from tpusim.trace.records import (
 WINDOW_REASON = "fused_window"   # HostRecord reason of the host time spent recording a window
 PROGRAM_REASON = "program_launch"  # HostRecord reason of a compiled program's one launch
 MAX_NAME_PARTS = 6               # a kernel name lists at most this many op names
+COLLECTIVE_PREFIX = "c10d::"     # a collective's name as a node of the fused graph
+CONSTANT = -2                    # producer of a value read from a storage allocated and never written (an empty tensor)
 
 
 @dataclass(frozen=True)
 class Rule:
     """What an op of one role may do inside a fused kernel."""
 
-    fusible: bool = True            # False: runs alone and cuts the window
+    fusible: bool = True            # False: a kernel of its own in its cluster (no other op fuses with it)
     anchor: bool = False            # at most one anchor (reduction, contraction) per kernel
     takes_producers: bool = True    # may read values produced inside its own kernel (a prologue)
     anchors: int = 1                # anchors its kernel may hold (its own and its prologue's)
@@ -148,8 +165,10 @@ class FusedKernel(OpRecord):
     onchip_bytes: float = 0.0       # HBM bytes saved: on-chip intermediates' writes and reads
     reused_bytes: float = 0.0       # HBM bytes saved: a value entering once, read by several parts
     spilled_bytes: float = 0.0      # on-chip traffic that did not fit VMEM, counted as HBM
-    cluster: int = 0                # the eager cluster (one compiled executable) it belongs to, from 1; 0: none
+    cluster: int = 0                # the compiled executable of an eager cluster it belongs to, from 1; 0: none
     cut: str = ""                   # why that cluster ended (a tpusim.eager.windows.CUTS key)
+    window: int = 0                 # the eager cluster (one materialization of the deferred graph), from 1;
+    #                                 split graph runs it as several executables (``cluster``)
     follows: bool = False           # a later kernel of the executable the kernel before it started (an eager
     #                                 op XLA compiled to several): no dispatch or compile of its own
 
@@ -204,12 +223,15 @@ def cluster_call(parts: Sequence[OpRecord], leaving: Sequence[TensorMeta]) -> Cl
 class FusionStats:
     """What fusion did to one record stream (for the report)."""
 
-    ops: int = 0                    # ops that went into clusters (windows)
+    ops: int = 0                    # ops that ran in clusters (windows); dropped ones not counted
     kernels: int = 0                # kernels those clusters became
-    windows: int = 0                # eager clusters, each one compiled executable
+    windows: int = 0                # eager clusters: materializations of the deferred graph (the cutter's count)
+    executables: int = 0            # compiled executables those clusters ran as (kSplitGraph: one per
+    #                                 materialization point; kFullGraph: one per cluster)
+    dropped: int = 0                # deferred ops dropped unrun: nothing held or read what they made
     cuts: dict[str, int] = field(default_factory=dict)   # why clusters ended: sync, backward, repeated, ...
     materialized: dict[str, int] = field(default_factory=dict)   # values made cluster outputs: fanout, ...
-    clusters_compiled: int = 0      # distinct clusters (compile-cache misses among them; set by planning)
+    clusters_compiled: int = 0      # distinct executables (compile-cache misses among them; set by planning)
     onchip_bytes: float = 0.0
     reused_bytes: float = 0.0
     spilled_bytes: float = 0.0
@@ -227,7 +249,8 @@ class Fused:
 # ---- dataflow: which write of which storage each input reads ------------------------------------
 @dataclass
 class _Value:
-    producer: int                   # record position that wrote it; -1 = written before the trace
+    producer: int                   # record position that wrote it; -1 = written before the trace;
+    #                                 CONSTANT: an empty tensor's (TorchTPU re-emits it where it is read)
     nbytes: int
     readers: list[int] = field(default_factory=list)
     death: int | None = None        # position of its free or full overwrite; None = outlives the trace
@@ -239,12 +262,13 @@ class _Dataflow:
         self.reads: dict[tuple[int, int], int] = {}     # (position, input index) -> value
         self.writes: dict[tuple[int, int], int] = {}    # (position, output index) -> value
         current: dict[int, int] = {}                    # storage -> its latest value
+        fresh: set[int] = set()                         # storages allocated in the trace and not written since
         for pos, rec in enumerate(records):
             if isinstance(rec, OpRecord | CollectiveRecord):
                 for k, t in enumerate(rec.inputs):
                     v = current.get(t.storage)
                     if v is None:
-                        v = current[t.storage] = self._new(-1, t.nbytes)
+                        v = current[t.storage] = self._new(CONSTANT if t.storage in fresh else -1, t.nbytes)
                     self.values[v].readers.append(pos)
                     self.reads[(pos, k)] = v
                 for k, t in enumerate(rec.outputs):
@@ -252,7 +276,9 @@ class _Dataflow:
                     if old is not None and self.values[old].death is None and t.nbytes >= self.values[old].nbytes:
                         self.values[old].death = pos            # wholly overwritten; partial writes keep it
                     self.writes[(pos, k)] = current[t.storage] = self._new(pos, t.nbytes)
+                    fresh.discard(t.storage)
             elif isinstance(rec, MemoryRecord):
+                (fresh.add if rec.event == "alloc" else fresh.discard)(rec.storage)
                 old = current.pop(rec.storage, None)
                 if old is not None and rec.event == "free" and self.values[old].death is None:
                     self.values[old].death = pos
@@ -277,7 +303,7 @@ class _Group:
     anchors: int
     sealed: set[int]                # positions that must stay outside (producers of its contractions)
     needs: set[int]                 # positions that must run before it
-    closed: bool = False            # an opaque op (only in a compiled program's window): runs alone
+    closed: bool = False            # an opaque op or a collective: a kernel of its own
     limit: int = 1                  # anchors it may hold (Rule.anchors)
 
 
@@ -293,7 +319,7 @@ class _Grouper:
 
     def add(self, pos: int) -> None:
         rec = self.records[pos]
-        role = role_of(rec)
+        role = "opaque" if isinstance(rec, CollectiveRecord) else role_of(rec)     # a collective in the graph
         rule = RULES[role]
         if self.program and role != "opaque":
             rule = PROGRAM_PROLOGUES.get(rec.family, rule)
@@ -373,6 +399,10 @@ def _kernel(records: Sequence[Record], flow: _Dataflow, members: list[int], end:
     """The record of one kernel and the values it keeps on chip."""
     parts: tuple[OpRecord, ...] = tuple(records[p] for p in members)
     if len(parts) == 1:
+        constant = _constant_bytes(flow, members[0], parts[0])
+        if constant:
+            return FusedKernel.around(parts[0], parts, bytes_read=max(0.0, parts[0].bytes_read - constant),
+                                      onchip_bytes=constant), set()
         return FusedKernel.around(parts[0], parts), set()
     inside = set(members)
     index = {p: i for i, p in enumerate(members)}
@@ -407,6 +437,8 @@ def _kernel(records: Sequence[Record], flow: _Dataflow, members: list[int], end:
                     entered[v] = len(inputs)
                     inputs.append(t)
                     entered_in[v] = {phase[index[p]]}
+                    if flow.values[v].producer == CONSTANT:     # an empty tensor: re-emitted, not read
+                        internal += t.nbytes
                 elif v in spilled and phase[index[p]] not in entered_in[v]:
                     entered_in[v].add(phase[index[p]])
                     spill_bytes += t.nbytes
@@ -442,6 +474,14 @@ def _kernel(records: Sequence[Record], flow: _Dataflow, members: list[int], end:
         exits=tuple(exits),
         onchip_bytes=internal + kept_writes, reused_bytes=reused, spilled_bytes=spill_bytes)
     return record, kept
+
+
+def _constant_bytes(flow: _Dataflow, pos: int, op: OpRecord) -> int:
+    """Bytes of the empty tensors ``op`` reads: TorchTPU re-emits such a constant inside each executable that
+    reads it (events_queue.cc: constants are never outputs), so they are not read from HBM."""
+    constants = {flow.reads[(pos, k)]: t.nbytes for k, t in enumerate(op.inputs)
+                 if flow.values[flow.reads[(pos, k)]].producer == CONSTANT}
+    return sum(constants.values())
 
 
 def _phases(parts: Sequence[OpRecord], reads: list[list[int]], produced: dict[int, tuple[int, int]]) -> list[int]:
@@ -549,18 +589,108 @@ def _cut_reason(rec: Record) -> str:
 
 def op_node(rec: OpRecord) -> Node:
     """An eager op as the window cutter's deferred graph sees it: its hash, the storages it reads and
-    writes, whether fusion lets it join a cluster."""
+    writes, whether TorchTPU defers it (``tpusim.eager.windows.defers``: by the op, not by its cost family)."""
     return Node(key=node_key(rec.op, tuple((t.shape, t.dtype) for t in rec.inputs)),
                 reads=tuple(t.storage for t in rec.inputs), writes=tuple(t.storage for t in rec.outputs),
-                fusible=RULES[role_of(rec)].fusible, name=rec.op, source=rec.source,
+                fusible=defers(rec.op), name=rec.op, source=rec.source,
                 results=tuple(t.shape for t in rec.outputs))
+
+
+def collective_node(rec: CollectiveRecord) -> Node:
+    """A collective as a node of the fused graph (``TORCH_TPU_INTERNAL_MATERIALIZE_COLLECTIVE_TENSORS=0``): a
+    deferred op like any other, hashed by its kind and input shapes."""
+    name = f"{COLLECTIVE_PREFIX}{rec.collective}"
+    return Node(key=node_key(name, tuple((t.shape, t.dtype) for t in rec.inputs)),
+                reads=tuple(t.storage for t in rec.inputs), writes=tuple(t.storage for t in rec.outputs),
+                name=name, source=rec.source, results=tuple(t.shape for t in rec.outputs))
+
+
+def _grouped(records: Sequence[Record], flow: _Dataflow, members: list[int], end: int, chip: ChipSpec,
+             cluster: int, cut: str, program: bool = False, window: int = 0
+             ) -> tuple[list[Record], set[int], dict[int, int]]:
+    """This module's grouping of ``members`` into kernels (numbered ``cluster``, ended by ``cut``; 0: a compiled
+    program's): the kernels, the values kept on chip, each member's kernel index. A collective kept in a
+    fused graph is a group of its own and runs as itself."""
+    grouper = _Grouper(records, flow, program=program)
+    for pos in members:
+        grouper.add(pos)
+    kernels: list[Record] = []
+    kept: set[int] = set()
+    emitted: dict[int, int] = {}
+    for group in grouper.kernels():
+        if isinstance(records[group[0]], CollectiveRecord):
+            kernel: Record = records[group[0]]
+        else:
+            kernel, on_chip = _kernel(records, flow, group, end, chip)
+            if cluster:
+                kernel = dataclasses.replace(kernel, cluster=cluster, cut=cut, window=window)
+            kept |= on_chip
+        emitted.update(dict.fromkeys(group, len(kernels)))
+        kernels.append(kernel)
+    return kernels, kept, emitted
+
+
+def _dead(records: Sequence[Record], flow: _Dataflow, window: list[int], end: int) -> set[int]:
+    """The window's ops TorchTPU drops (events_queue.cc: the queue holds a deferred op by a weak reference):
+    no value they make is held at the cut or read by an op that runs. Collectives (side effects) and ops
+    that make nothing always run."""
+    members = set(window)
+    dead: set[int] = set()
+    for pos in reversed(window):
+        rec = records[pos]
+        if isinstance(rec, CollectiveRecord) or not rec.outputs:
+            continue
+        values = [flow.values[flow.writes[(pos, k)]] for k in range(len(rec.outputs))]
+        if not any(v.death is None or v.death >= end or any(r not in dead and (r in members or r >= end)
+                                                              for r in v.readers) for v in values):
+            dead.add(pos)
+    return dead
+
+
+def _executables(records: Sequence[Record], flow: _Dataflow, members: list[int], end: int,
+                 cut: str) -> list[list[int]]:
+    """The cluster's ops (positions) as the executables TorchTPU runs them in: one when the cut compiles the
+    whole graph, else one per materialization point (``tpusim.eager.windows.materialization_chunks``): a value
+    held at the cut (or read after it) is an output; a collective always is one (its side effects). A
+    ``_foreach_`` op's per-tensor records (consecutive records of one op from one line) are one node, as the
+    one multi-output op they are on TorchTPU."""
+    if not members:
+        return []
+    if not splits_graph(cut):
+        return [members]
+    nodes: list[list[int]] = []
+    for pos in members:
+        if nodes and _one_dispatch(records[nodes[-1][-1]], records[pos]):
+            nodes[-1].append(pos)
+        else:
+            nodes.append([pos])
+    node_of = {pos: i for i, node in enumerate(nodes) for pos in node}
+    outputs, last_read = [], []
+    for node in nodes:
+        required, last = False, -1
+        for pos in node:
+            rec = records[pos]
+            values = [flow.values[flow.writes[(pos, k)]] for k in range(len(rec.outputs))]
+            required = required or isinstance(rec, CollectiveRecord) or not values or \
+                any(v.death is None or v.death >= end for v in values)
+            last = max([last, *(node_of.get(r, len(nodes) if r >= end else -1) for v in values for r in v.readers)])
+        outputs.append(required)
+        last_read.append(last)
+    return [[pos for i in chunk for pos in nodes[i]] for chunk in materialization_chunks(outputs, last_read)]
+
+
+def _one_dispatch(before: Record, rec: Record) -> bool:
+    """Two consecutive records of one ``_foreach_`` dispatch: the same op from the same line."""
+    return isinstance(before, OpRecord) and isinstance(rec, OpRecord) and bool(rec.source) and \
+        before.source == rec.source and base_name(before.op) == base_name(rec.op)
 
 
 def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.0, eager: bool = True,
          compiled: Mapping[int, CompiledProgram] | None = None,
          compiled_ops: Mapping[str, CompiledProgram] | None = None,
          compiled_clusters: Mapping[ClusterCall, CompiledProgram] | None = None,
-         clusters_out: list[tuple[int, int, ClusterCall]] | None = None) -> Fused:
+         clusters_out: list[tuple[int, int, ClusterCall]] | None = None,
+         cuts_out: list[tuple[int, str]] | None = None) -> Fused:
     """Group ``records`` into fused kernels (see the module docstring).
 
     ``host_s_per_op`` > 0 adds, at each window's flush, one ``dispatch`` host record of
@@ -572,7 +702,8 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
     ``compiled_ops`` maps an eager op's signature (``record_signature``) to its one-op program: where ops
     stay one executable each (``eager=False``), its kernels run in the op's place (``_op_kernels``).
     ``compiled_clusters`` does the same for Fused eager clusters (by ``ClusterCall``); ``clusters_out``, when
-    given, collects each cluster's (number, first op's seq, call) for the compiler to compile.
+    given, collects each executable's (number, first op's seq, call) for the compiler to compile; ``cuts_out``,
+    each eager cluster's (last op's seq, the cut that ended it).
     """
     compiled = compiled or {}
     compiled_ops = compiled_ops or {}
@@ -584,51 +715,65 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
     held: list[tuple[int, MemoryRecord]] = []       # (position, record) of the window's memory records
     program = 0                                     # the compiled program the window holds; 0: eager ops
     cutter = WindowCutter()
+    in_graph = not materialize_collectives()        # collectives are nodes of the fused graph
     totals = Counter()
+
+    def cluster_kernels(chunk: list[int], end: int, reason: str, number: int) -> tuple[list[Record], set[int],
+                                                                                     dict[int, int]]:
+        """The kernels of one executable of an eager cluster (``number``): what the TPU compiler built for it,
+        else this module's grouping; a collective kept in the graph runs as itself, in its place."""
+        call = None
+        if (compiled_clusters or clusters_out is not None) and \
+                not any(isinstance(records[p], CollectiveRecord) for p in chunk):
+            call = cluster_call([records[p] for p in chunk], _kernel(records, flow, chunk, end, chip)[0].outputs)
+            if clusters_out is not None:
+                clusters_out.append((number, records[chunk[0]].seq, call))
+        if call is not None and compiled_clusters.get(call, _NONE).records:
+            kernels, emitted = _compiled_kernels(records, flow, chunk, end, chip, 0, compiled_clusters[call].records)
+            parts = tuple(records[p] for p in chunk)        # compiled as the cluster's ops: its region and cost
+            return [dataclasses.replace(k, cluster=number, cut=reason, window=cutter.windows,
+                                        parts=parts if i == 0 else ())
+                    for i, k in enumerate(kernels)], set(), emitted
+        return _grouped(records, flow, chunk, end, chip, number, reason, window=cutter.windows)
 
     def flush(end: int, reason: str) -> None:
         if not window:
             out.extend(m for _, m in held)
             held.clear()
             return
-        kernels, kept, emitted = [], set(), {}
-        call = None
-        if not program and (compiled_clusters or clusters_out is not None):
-            call = cluster_call([records[p] for p in window], _kernel(records, flow, window, end, chip)[0].outputs)
-            if clusters_out is not None:
-                clusters_out.append((cutter.windows, records[window[0]].seq, call))
+        dead: set[int] = set()
         if program in compiled and compiled[program].records:
             kernels, emitted = _compiled_kernels(records, flow, window, end, chip, program, compiled[program].records,
                                                  span_collectives)
-        elif call is not None and compiled_clusters.get(call, _NONE).records:
-            kernels, emitted = _compiled_kernels(records, flow, window, end, chip, 0, compiled_clusters[call].records)
-            parts = tuple(records[p] for p in window)       # compiled as the cluster's ops: its region and cost
-            kernels = [dataclasses.replace(k, cluster=cutter.windows, cut=reason, parts=parts if i == 0 else ())
-                       for i, k in enumerate(kernels)]
+            kept: set[int] = set()
+        elif program:
+            kernels, kept, emitted = _grouped(records, flow, window, end, chip, 0, "", program=True)
         else:
-            grouper = _Grouper(records, flow, program=bool(program))
-            for pos in window:
-                grouper.add(pos)
-            cluster = 0 if program else cutter.windows
-            for members in grouper.kernels():
-                kernel, on_chip = _kernel(records, flow, members, end, chip)
-                if cluster:
-                    kernel = dataclasses.replace(kernel, cluster=cluster, cut=reason)
-                emitted.update(dict.fromkeys(members, len(kernels)))
-                kernels.append(kernel)
+            if cuts_out is not None:
+                cuts_out.append((records[window[-1]].seq, reason))
+            dead = _dead(records, flow, window, end)
+            chunks = _executables(records, flow, [p for p in window if p not in dead], end, reason)
+            dead |= set(window) - {p for chunk in chunks for p in chunk}
+            kernels, kept, emitted = [], set(), {}
+            for chunk in chunks:
+                totals["executables"] += 1
+                made, on_chip, placed = cluster_kernels(chunk, end, reason, totals["executables"])
+                emitted.update({p: len(kernels) + i for p, i in placed.items()})
+                kernels += made
                 kept |= on_chip
         memory = [m for _, m in held]
-        dropped = _on_chip_storages(records, flow, window, kept, memory)
+        dropped = _on_chip_storages(records, flow, window, kept, memory, dead)
         first = records[window[0]]
+        ran = [k for k in kernels if isinstance(k, OpRecord)]
         if program:
             out.append(HostRecord(seq=first.seq, event="dispatch", reason=PROGRAM_REASON,
                                   seconds=chip.host_dispatch_ns / 1e9, source=first.source, rank=first.rank))
             totals.update(programs=1, program_ops=len(window), program_kernels=len(kernels))
         else:
-            if host_s_per_op > 0:
+            if host_s_per_op > 0:                   # the host recorded every op, the dropped ones too
                 out.append(HostRecord(seq=first.seq, event="dispatch", reason=WINDOW_REASON,
                                       seconds=len(window) * host_s_per_op, source=first.source, rank=first.rank))
-            totals.update(ops=len(window), kernels=len(kernels))
+            totals.update(ops=len(window) - len(dead), kernels=len(ran), dropped=len(dead))
         out.extend(_interleave(kernels, [(q, m) for q, m in held if m.storage not in dropped], emitted))
         fused = [k for k in kernels if isinstance(k, FusedKernel)]
         totals.update(onchip=sum(k.onchip_bytes for k in fused), reused=sum(k.reused_bytes for k in fused),
@@ -666,8 +811,9 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
             program = ran_in
         if program:
             window.append(pos)                      # whole-program fusion: no size limit, opaque ops run alone
-        elif isinstance(rec, OpRecord) and eager:
-            node = op_node(rec)
+        elif eager and (isinstance(rec, OpRecord) or (in_graph and isinstance(rec, CollectiveRecord)
+                                                         and not rec.program)):
+            node = op_node(rec) if isinstance(rec, OpRecord) else collective_node(rec)
             reason = cutter.admit(node)
             if reason is not None:
                 flush(pos, reason)
@@ -675,9 +821,10 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
                 window.append(pos)
             else:
                 out.append(rec)
-        elif (isinstance(rec, HostRecord) and rec.event == "dispatch" and rec.reason != BACKWARD_REASON
-              and not rec.reason.startswith(MODE_CHANGE_REASON)):
-            out.append(rec)
+        elif isinstance(rec, HostRecord) and (rec.event == "h2d" or (
+                rec.event == "dispatch" and rec.reason != BACKWARD_REASON
+                and not rec.reason.startswith(MODE_CHANGE_REASON))):
+            out.append(rec)                         # a host->device copy fills a fresh buffer: no materialization
         elif isinstance(rec, OpRecord) and compiled_ops and \
                 (built := compiled_ops.get(record_signature(rec), _NONE)).records:
             flush(pos, cutter.boundary(_cut_reason(rec)))
@@ -687,6 +834,7 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
             out.append(rec)
     flush(len(records), cutter.boundary("end"))
     stats = FusionStats(ops=totals["ops"], kernels=totals["kernels"], windows=cutter.windows,
+                        executables=totals["executables"], dropped=totals["dropped"],
                         cuts=dict(sorted(cutter.cuts.items())),
                         materialized=dict(sorted(cutter.materialized.items())), onchip_bytes=float(totals["onchip"]),
                         reused_bytes=float(totals["reused"]), spilled_bytes=float(totals["spilled"]),
@@ -718,8 +866,9 @@ def _interleave(kernels: list[FusedKernel], memory: list[tuple[int, MemoryRecord
 
 
 def _on_chip_storages(records: Sequence[Record], flow: _Dataflow, window: list[int], kept: set[int],
-                      held: list[MemoryRecord]) -> set[int]:
-    """Storages allocated and freed in this window whose every value stayed on chip: never in HBM."""
+                      held: list[MemoryRecord], dead: set[int] = frozenset()) -> set[int]:
+    """Storages allocated and freed in this window whose every value stayed on chip, or was made by a dropped
+    op: never in HBM."""
     allocated = {m.storage for m in held if m.event == "alloc"}
     freed = {m.storage for m in held if m.event == "free"}
     candidates = allocated & freed
@@ -727,5 +876,5 @@ def _on_chip_storages(records: Sequence[Record], flow: _Dataflow, window: list[i
     for pos in window:
         for k, t in enumerate(records[pos].outputs):
             if t.storage in candidates:
-                written[t.storage] = written.get(t.storage, True) and flow.writes[(pos, k)] in kept
+                written[t.storage] = written.get(t.storage, True) and (pos in dead or flow.writes[(pos, k)] in kept)
     return {s for s, all_kept in written.items() if all_kept}

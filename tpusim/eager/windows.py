@@ -7,36 +7,52 @@ pending work as one compiled cluster (fused kernels inside). The simulator's fus
 ``WindowCutter``, so the clusters they make are the same by construction.
 
 The algorithm is TorchTPU's Fused Eager (``csrc/eager/`` of google-pytorch/torch_tpu, read in the
-public copy jonathan1920/torch_tpu; ../shared/research/torchtpu.md). Pending work is
-**materialized** (the cluster ends, every pending node runs: TorchTPU's safe materialization) at:
+public copy jonathan1920/torch_tpu; ../shared/research/torchtpu.md). **Every op TorchTPU implements is
+deferred** (``op_dispatcher``: each dispatched op becomes a ``DeferredOp`` in the stream's events queue,
+gathers, scatters, sorts, copies, fills and index ops included); only a host read runs outside the graph
+(``HOST_READ_OPS``, ``defers``). Pending work is **materialized** (the cluster ends, every pending node
+runs: TorchTPU's safe materialization) at:
 
-- host reads: ``.item()``, ``.cpu()``, print, ``synchronize`` (``sync``, ``d2h``), host copies in
-  (``h2d``); distributed ops (``collective``); compiled-graph executions (``program``); autograd's
+- host reads: ``.item()``, ``.cpu()``, print, ``synchronize`` (``sync``, ``d2h``); distributed ops
+  (``collective``: TorchTPU splits the graph before and after a collective unless
+  ``TORCH_TPU_INTERNAL_MATERIALIZE_COLLECTIVE_TENSORS`` is ``0``/``false``, ``materialize_collectives``;
+  then the collective is a node of the graph); compiled-graph executions (``program``); autograd's
   post-backward (``backward``: ``backward()`` returned, a mark tpusim/backend/recorder.py records and the PJRT
-  target hears); the end of a training step, a change of eager mode, the end of the program;
+  target hears); the end of a training step, a change of eager mode, the end of the program.
 
-and by the **heuristics**, checked as each op arrives (``admit``), each one row of ``CUTS``:
+A host->device copy is not one: TorchTPU copies the bytes into a fresh, materialized buffer
+(``CopyCpuToTpu``) and pending work goes on. The **heuristics**, checked as each op arrives (``admit``),
+are each one row of ``CUTS``:
 
 - ``stale``: the op overwrites a pending buffer that pending ops already read: the old value would
   be a buffer no live tensor refers to any more, so the cluster holding it runs first;
-- ``dynamic``: an op whose output shape depends on data (``DYNAMIC_SHAPE_OPS``) cannot be traced
-  into a static program: the cluster ends and it runs alone;
+- ``dynamic``: an op whose output shape depends on data (``DYNAMIC_SHAPE_OPS``): TorchTPU computes its
+  output size in the pending graph and reads it back (``nonzero.cc``: ``.cpu().item()``), so the cluster
+  ends before the op, which then opens the next cluster with the size known;
 - ``split``: a node marked as a split point (``FORCED_SPLIT_OPS``: TorchTPU's own Pallas kernels,
-  ``torch.tpu.ops``, compiled as executables of their own) is a cluster by itself;
+  ``torch.tpu.ops``, ``OpSplitMode::kSplitBoth``) is a cluster by itself;
+- ``random``: a random draw (``RANDOM_OPS``) takes and updates the generator's state, so TorchTPU splits
+  the graph after it (``OpSplitMode::kSplitAfter``); it ends its cluster;
 - ``repeated``: the last ops repeat the ``REPEAT_MIN``-``REPEAT_MAX`` ops before them (one layer of a
   model): the cluster ends after the repeat, so every later layer compiles to the same cluster and
   hits the compile cache (``TORCH_TPU_INTERNAL_DETECT_REPEATED_OPS``: ``safe``, the default, or
   ``aggressive`` detect; anything else turns the rule off). TorchTPU's ``OpWindow``: a history of
   ``2 x REPEAT_MAX`` op hashes, the last repeat length tried first, the next search ``length`` ops
-  later; only deferred (fusible) ops are entries, and a ``_foreach_`` op's per-tensor records
+  later; only deferred ops are entries, and a ``_foreach_`` op's per-tensor records
   (consecutive records of one op from one line) are one entry, as the one dispatch they are on
   TorchTPU. The history is kept across the heuristics' own cuts (so layer after layer is found) and
-  starts afresh at a user-visible materialization (``HARD_CUTS``: a sync, a step, backward, a
-  collective...): a repeat spanning one is the step repeating, whose clusters those cuts already
-  align, and cutting it again would split every step at an arbitrary op (mid-optimizer). TorchTPU
+  starts afresh at a user-visible materialization (``HARD_CUTS``: a sync, a dynamic shape's size read
+  back, a step, backward, a collective...): a repeat spanning one is the step repeating, whose clusters
+  those cuts already align, and cutting it again would split every step at an arbitrary op (mid-optimizer). TorchTPU
   keeps its history (it has no step cut; its loss.item() then falls at that arbitrary op).
-  ``safe`` (split graph) and ``aggressive`` (full graph) make the same cut here: tpusim's clusters
-  are never split further (fusion groups each into kernels).
+
+**Split graph** (``splits_graph``): a materialization compiles its cluster as one executable only in
+``MaterializationMode::kFullGraph``, which TorchTPU uses for a repeat cut under ``aggressive`` alone; every
+other materialization (``safe``'s repeat cuts, syncs, backward, ...) is ``kSplitGraph`` (materialize.h's
+default): the cluster runs as one executable per *materialization point*, in program order
+(split_utils.cc, ``materialization_chunks``): every value the cluster must output (one a live tensor
+still holds, or a later cluster reads) ends an executable, and so does a value read past the next such
+point.
 
 **Materialized, not cut** (``MATERIALIZED``, counted in ``materialized``): TorchTPU makes every
 pending value that is still referred to an *output* of the executable computing it (events_queue.cc
@@ -46,10 +62,12 @@ on. ``fanout`` (a second consumer of a pending value) and ``reexecution`` (a val
 computed, read again) are such values: the research note's "materialized" means this, not a cut.
 In tpusim a value that leaves its fused kernel is written to HBM by fusion's byte rule already
 (``tpusim.eager.fusion``: read outside its kernel or alive at the cluster's end), and the trace's values
-from earlier clusters are in HBM; the cutter only counts them.
+from earlier clusters are in HBM; the cutter only counts them. A deferred op whose results nobody holds
+when its cluster runs is dropped (no weak reference left to it in the queue, events_queue.cc; fusion
+drops it), unless it has side effects (a collective).
 
-Ops that are not fusible (fusion role ``opaque``) end the cluster and run alone (``opaque``), as
-before; ``size`` is tpusim's own guard (``MAX_CLUSTER_OPS``) bounding fusion's grouping pass.
+Ops that are not deferred (``Node.fusible`` False: a host read) end the cluster and run alone
+(``opaque``); ``size`` is tpusim's own guard (``MAX_CLUSTER_OPS``) bounding fusion's grouping pass.
 
 Feed the cutter an event, get the reason to end the pending cluster first, or None:
 ``admit(node)`` for an eager op (``Node``: what it computes, the buffers it reads and writes),
@@ -78,25 +96,35 @@ REPEAT_MIN = 10
 REPEAT_MAX = 128
 REPEAT_ENV = "TORCH_TPU_INTERNAL_DETECT_REPEATED_OPS"
 REPEAT_MODES = ("safe", "aggressive")      # detect (TorchTPU: split graph / full graph); else off
+# TorchTPU's switch for collectives in fused graphs (process_group_tpu.cc: on by default, "0"/"false" turn it off)
+COLLECTIVE_ENV = "TORCH_TPU_INTERNAL_MATERIALIZE_COLLECTIVE_TENSORS"
+COLLECTIVE_ENV_OFF = ("0", "false")
 FANOUT_LIMIT = 2                           # consumers of a pending value that materialize it
 # HostRecord(event="dispatch", reason=BACKWARD_REASON, seconds=0): backward() returned (tpusim/backend/recorder.py)
 BACKWARD_REASON = "autograd_backward"
 
-# Ops whose output shape depends on data. Adding one = one name here (tpusim.trace.ops.base_name form).
+# Ops that read a value on the host: the only ops TorchTPU does not defer. Adding one = one name here
+# (tpusim.trace.ops.base_name form).
+HOST_READ_OPS = frozenset({"_local_scalar_dense", "equal"})
+# Ops whose output shape depends on data. Adding one = one name here.
 DYNAMIC_SHAPE_OPS = frozenset({
     "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive", "unique_dim", "argwhere",
     "repeat_interleave",
 })
+# Random draws TorchTPU splits the graph after (OpSplitMode::kSplitAfter in their kernels: random_, uniform_,
+# normal, multinomial; torch.rand/randn/randint are an empty tensor and one of them). Adding one = one name here.
+RANDOM_OPS = frozenset({"random", "uniform", "normal", "multinomial"})
 # Namespaces of ops marked as split points (each a cluster of its own). Adding one = one entry.
 FORCED_SPLIT_OPS = ("tpu::",)
 
 # Why a cluster ends. Adding a cut reason = one row here.
 CUTS: dict[str, str] = {
     "sync": "the host reads a value (.item(), .cpu(), print, synchronize): pending work materializes",
-    "h2d": "a host->device copy",
     "d2h": "a device->host copy",
-    "opaque": "an op fusion does not fuse (gathers, fills, device copies, sorts, topk): it runs alone",
-    "collective": "a distributed op: pending work materializes, the network prices it as its own kernel",
+    "opaque": "an op that runs outside the deferred graph (a host read; on the PJRT target an op it cannot "
+              "trace): it runs alone",
+    "collective": "a distributed op: pending work materializes, the network prices it as its own kernel "
+                  f"(unless {COLLECTIVE_ENV}=0)",
     "program": "a torch.compile'd graph runs: it is a cluster of its own",
     "step": "a training step ended (optimizer.step())",
     "mode": "the eager mode changed: what was recorded runs as it was",
@@ -104,7 +132,9 @@ CUTS: dict[str, str] = {
                 "gradients are materialized",
     "stale": "an op overwrites a pending buffer other pending ops read: the old value would be stale",
     "split": "an op marked as a split point (torch.tpu.ops' own kernels) is a cluster of its own",
-    "dynamic": "an op with a data-dependent output shape: it cannot join a static program, it runs alone",
+    "dynamic": "an op with a data-dependent output shape: its size is read back first, so the cluster ends "
+               "before it and it opens the next one",
+    "random": "a random draw updates the generator's state: the graph is split after it",
     "repeated": f"the last ops repeat the {REPEAT_MIN}-{REPEAT_MAX} before them (a layer): one cluster "
                 "serves every repeat",
     "size": f"the cluster holds {MAX_CLUSTER_OPS} ops (tpusim's guard on the grouping pass)",
@@ -113,14 +143,14 @@ CUTS: dict[str, str] = {
     "alias": "an op writes a storage holding a pending value under another view, or reads a view of it "
              "the program cannot derive (another dtype, bytes outside the pending value)",
     "host": "an op that runs outside the window (host generator, hand-written kernel, no lowering, "
-            "a non-tensor result) reads or writes a pending value",
+            "a non-tensor result, a copy) reads or writes a pending value",
     "resize": "an op whose out= or self must change shape (other than an empty out=) reads or writes a "
               "pending value: it runs at once",
 }
 
 # Cuts that a user's program makes (not the heuristics): the repeat detector's history starts afresh at
 # each. Adding one = one name here.
-HARD_CUTS = frozenset({"sync", "h2d", "d2h", "collective", "program", "step", "mode", "backward", "end"})
+HARD_CUTS = frozenset({"sync", "d2h", "dynamic", "collective", "program", "step", "mode", "backward", "end"})
 
 # Why a pending value becomes an output of its cluster (written to HBM) without ending it. Adding a
 # reason = one row here.
@@ -134,12 +164,12 @@ MATERIALIZED: dict[str, str] = {
 
 @dataclass(frozen=True)
 class Node:
-    """One eager op as the deferred graph sees it."""
+    """One eager op (or, with collectives kept in fused graphs, one collective) as the deferred graph sees it."""
 
     key: Hashable                       # what it computes (op and input shapes): the repeat detector's hash
     reads: tuple[Hashable, ...] = ()    # buffers it reads (storage ids; any hashable names, one per buffer)
     writes: tuple[Hashable, ...] = ()   # buffers it writes
-    fusible: bool = True                # False: ends the cluster and runs alone
+    fusible: bool = True                # deferred into the pending graph (``defers``); False: ends it, runs alone
     name: str = ""                      # the op's name ("aten::nonzero"): dynamic shapes, forced splits
     source: str = ""                    # the user's line that issued it: a loop iteration runs it again
     results: tuple = ()                 # its output shapes: with key and source, what an iteration repeats
@@ -151,6 +181,49 @@ class Node:
     @property
     def split(self) -> bool:
         return self.name.startswith(FORCED_SPLIT_OPS)
+
+    @property
+    def random(self) -> bool:
+        return base_name(self.name) in RANDOM_OPS
+
+
+def defers(name: str) -> bool:
+    """Whether TorchTPU defers the op ``name`` into the pending graph: every op it implements (any op with a
+    StableHLO lowering: gathers, scatters, sorts, copies, fills, index ops) except a host read."""
+    return base_name(name) not in HOST_READ_OPS
+
+
+def materialize_collectives() -> bool:
+    """Whether a collective materializes pending work (TorchTPU's default) or joins the fused graph
+    (``TORCH_TPU_INTERNAL_MATERIALIZE_COLLECTIVE_TENSORS=0``)."""
+    return os.environ.get(COLLECTIVE_ENV, "1").strip().lower() not in COLLECTIVE_ENV_OFF
+
+
+def splits_graph(cut: str) -> bool:
+    """Whether the cluster a ``cut`` ended runs as one executable per materialization point (TorchTPU's
+    ``kSplitGraph``, every materialization's default) or whole (``kFullGraph``: a repeat cut under
+    ``aggressive``)."""
+    return not (cut == "repeated" and os.environ.get(REPEAT_ENV, "safe") == "aggressive")
+
+
+def materialization_chunks(outputs: list[bool], last_read: list[int]) -> list[list[int]]:
+    """A cluster's ops (0..n-1, program order) as the executables ``kSplitGraph`` runs (split_utils.cc): op i ends
+    one when it makes a value the cluster must output (``outputs[i]``), or when a value it makes is read at a
+    position (``last_read[i]``, in the same numbering) past the next op that ends one, so its reader's executable
+    can read it. Ops after the last such point make nothing anyone reads: none run."""
+    points = set()
+    nearest: int | None = None                  # the earliest point after the op walked
+    for i in range(len(outputs) - 1, -1, -1):
+        if outputs[i] or (nearest is not None and last_read[i] > nearest):
+            points.add(i)
+            nearest = i
+    chunks, chunk = [], []
+    for i in range(len(outputs)):
+        chunk.append(i)
+        if i in points:
+            chunks.append(chunk)
+            chunk = []
+    return chunks
 
 
 def node_key(name: str, shapes: tuple) -> tuple:
@@ -213,14 +286,14 @@ class WindowCutter:
         self.cuts: Counter[str] = Counter()
         self.materialized: Counter[str] = Counter()     # values made cluster outputs (MATERIALIZED keys)
         self.repeats = RepeatDetector() if (repeat_detection() if repeats is None else repeats) else None
-        self._after: str | None = None  # a cut decided after the last op (repeated, split)
+        self._after: str | None = None  # a cut decided after the last op (repeated, split, random)
         self._last: tuple[str, str] = ("", "")     # the last deferred op's name and line (``_dispatch``)
         self._readers: dict[Hashable, int] = {}    # pending buffer -> its pending consumers
         self._earlier: set[Hashable] = set()       # buffers an ended cluster wrote (its outputs)
 
     def admit(self, node: Node) -> str | None:
         """An eager op arrives. Returns the reason to end the pending cluster before it, or None; a
-        fusible op then joins the (new) cluster, a non-fusible one runs alone."""
+        deferred op then joins the (new) cluster, one that is not runs alone."""
         reason = self._before(node)
         if reason is not None:
             self.boundary(reason)
@@ -229,17 +302,20 @@ class WindowCutter:
             return reason
         repeated = self.repeats is not None and self._dispatch(node) and self.repeats.append(node.key)
         self.join(node)
-        if node.split or repeated:
-            self._after = "split" if node.split else "repeated"
+        after = "split" if node.split else "random" if node.random else "repeated" if repeated else None
+        if after is not None:
+            self._after = after
         return reason
 
     def _before(self, node: Node) -> str | None:
         if self._after is not None and self.size:
             return self._after
         if not node.fusible:
-            return "dynamic" if node.dynamic else "opaque"
+            return "opaque"
         if node.split and self.size:
             return "split"
+        if node.dynamic and self.size:
+            return "dynamic"
         if any(self._readers.get(w, 0) for w in node.writes):
             return "stale"
         if self.size >= self.limit:

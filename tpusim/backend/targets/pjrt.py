@@ -316,19 +316,9 @@ def _host(op: torch._ops.OpOverload, plan: OverloadPlan, hargs: list, hkwargs: d
     out_kw = {k: v for k, v in hkwargs.items() if k in plan.mutable_kw}
     writes = tensors(tuple(hargs[i] for i in plan.mutable_pos if i < len(hargs)), out_kw)
     inputs = tensors(tuple(hargs), {k: v for k, v in hkwargs.items() if k not in out_kw})
-    if not window.host_fusible((op, _sig(hargs), _sig(hkwargs)), plan.name, inputs,
-                               lambda: writes or _meta_outputs(op, hargs, hkwargs), tuple(hargs)):
+    if not window.host_fusible(plan.name):
         return window.alone(run)
     return window.outside("host", [] if view else inputs, [] if view else writes, run)
-
-
-def _meta_outputs(op: torch._ops.OpOverload, hargs: list, hkwargs: dict) -> list[torch.Tensor]:
-    """The tensors an op would return, as meta tensors (none when it has no meta kernel)."""
-    try:
-        result = _meta_result(op, tuple(hargs), hkwargs)
-    except Exception:  # noqa: BLE001  (no meta kernel: cost from the inputs alone)
-        return []
-    return [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
 
 
 # ---------------------------------------------------------------- the target

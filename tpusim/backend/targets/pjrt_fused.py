@@ -3,25 +3,24 @@
 Why the same windows: the simulator prices Fused eager by cutting the op stream into windows
 (tpusim/eager/fusion.py); on the PJRT target those windows really compile and run. Where a window ends
 is decided by the same ``tpusim.eager.windows.WindowCutter`` the simulator's fused mode drives (this
-window feeds it every op and event, in ``Stats.cutter``), and whether an op may join a window by
-the same fusion role (``tpusim.trace.ops.fusion_role`` of its recorded cost, ``tpusim.eager.fusion.RULES``),
+window feeds it every op and event, in ``Stats.cutter``), and whether an op joins a window by the same
+rule (``tpusim.eager.windows.defers``: TorchTPU defers every op but a host read),
 so a program recorded while it runs here is priced with the windows that ran:
 ``pjrt.stats().windows``/``.cuts`` equal ``fuse(trace.records, chip).stats.windows``/``.cuts``
 (tests/pjrt/test_pjrt_windows.py).
 
 **Cuts** (``Stats.cuts`` keys, ``tpusim.eager.windows.CUTS``). Fusion's names, for the same events:
 
-- ``sync``: the host reads a value (``.item()``, ``.cpu()``, print: the shim's native hook);
-- ``h2d``: a host->device copy;
-- ``opaque``: an op whose fusion role is opaque (``fusion_role`` of its cost from tpusim/trace/ops.py:
-  SparseCore and DMA work such as gathers, fills, clones and device->device copies, sorts and the
-  other ops of the opaque family in tpusim/trace/ops.py, ops without FLOPs). It runs alone, at once;
+- ``sync``: the host reads a value (``.item()``, ``.cpu()``, print: the shim's native hook); a host->device
+  copy fills a fresh buffer and a device->device copy is a deferred op (a member, run by the shim at once):
+  neither cuts unless it touched pending work (``host``);
+- ``opaque``: an op TorchTPU does not defer (a host read). It runs alone, at once;
 - ``collective``: a collective of the tpusim c10d backend;
 - ``program``: a torch.compile'd graph (tpusim/backend/compile.py) runs;
 - ``step``: ``optimizer.step()`` returned;
 - ``backward``: ``torch.autograd.backward`` (``Tensor.backward``) returned (tpusim/backend/recorder.py's
   ``add_backward_listener``): TorchTPU's autograd post-backward materialization;
-- TorchTPU's heuristics (``tpusim.eager.windows``): ``stale``, ``dynamic``, ``repeated`` (a value with two
+- TorchTPU's heuristics (``tpusim.eager.windows``): ``stale``, ``dynamic``, ``random``, ``repeated`` (a value with two
   consumers is an output of its cluster, not a cut: ``fanout``, ``reexecution`` are counted in
   ``cutter.materialized``) (``split`` too, though torch.tpu.ops' kernels run on the host here). The cutter sees each
   op as ``op_node`` builds it (its name and input shapes, the storages it reads and writes, the user's
@@ -71,14 +70,12 @@ import torch
 from jax import lax
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from tpusim.backend import costs, native_hooks, recorder, source
+from tpusim.backend import native_hooks, recorder, source
 from tpusim.backend.lowering import jax_to_tensor, tensor_to_numpy
 from tpusim.backend.lowering.dtypes import jax_dtype, torch_dtype
 from tpusim.backend.state import STATE
 from tpusim.backend.targets.pjrt_ops import Compiled, OpInfo, Stats, operands, run_now
-from tpusim.eager.fusion import RULES
-from tpusim.eager.windows import Node, WindowCutter, node_key
-from tpusim.trace.ops import Family, fusion_role
+from tpusim.eager.windows import Node, WindowCutter, defers, node_key
 
 Key = tuple
 OWN_CUTS = ("alias", "host", "resize")   # the cuts only this target makes (tpusim.eager.windows.CUTS says why)
@@ -87,23 +84,13 @@ OWN_CUTS = ("alias", "host", "resize")   # the cuts only this target makes (tpus
 # ---------------------------------------------------------------- which ops and events cut (fusion's rules)
 
 
-def fusible(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], args: tuple) -> bool:
-    """Whether fusion lets an op join a window: the fusion role (``tpusim.trace.ops.fusion_role``) of the cost
-    the recorder records for it (tpusim/trace/ops.py). A non-fusible op runs alone (cut ``opaque``)."""
-    try:
-        cost = costs.op_cost(name, inputs, outputs, args)
-    except Exception:  # noqa: BLE001  (the recorder's fallback for a failing cost rule)
-        cost = costs.OpCost(Family.ELEMENTWISE)
-    return RULES[fusion_role(cost.family, cost.unit, cost.flops, cost.transcendentals)].fusible
+def fusible(name: str) -> bool:
+    """Whether an op joins a window as fusion's does: TorchTPU defers it (``tpusim.eager.windows.defers``). One
+    that is not runs alone (cut ``opaque``)."""
+    return defers(name)
 
 
-def native_cut(kind: str, a: torch.Tensor, b: torch.Tensor | None) -> str:
-    """The cut of a shim native event, as fusion sees its record: an item or a device->host copy is a
-    ``sync``, a host->device copy ``h2d``, a device->device copy a DMA op (``opaque``)."""
-    if kind != "copy" or b is None:
-        return "sync"
-    on_device = (a.device.type == "tpu", b.device.type == "tpu")
-    return {(True, True): "opaque", (True, False): "sync"}.get(on_device, "h2d")
+DEVICE_COPY = "aten::copy_"      # a device->device copy, as the recorder names its record
 
 
 def op_node(name: str, reads: list[torch.Tensor], writes: list[torch.Tensor]) -> Node:
@@ -200,7 +187,6 @@ class Window:
         self.stats = stats                                    # counts, and the cutter (Stats.cutter)
         self.cache: dict[tuple, Callable] = {}                 # window signature -> jitted program
         self._described: dict[tuple, tuple] = {}              # op signature -> (output shapes, fusible)
-        self._host_fusible: dict[tuple, bool] = {}
         self._specs: dict[tuple, tuple | None] = {}
         self._host_name = ""                                  # the host op host_fusible was last asked about
         self._step_hook = None
@@ -242,12 +228,26 @@ class Window:
         self.cut("backward")
 
     def _native(self, kind: str, a: torch.Tensor, b: torch.Tensor | None) -> None:
-        """The shim's native item/copy: item notifies before reading, copy after copying, so a copy that
-        raced pending work is redone once the window has run."""
-        if not self.cutter.size:
+        """The shim's native item/copy: item notifies before reading, copy after copying. A host read cuts
+        (``sync``), and a copy that raced pending work is redone once the window has run. A device->device
+        copy is a deferred op, as fusion's ``copy_`` record: a member, and where it reads a pending value or
+        writes memory the window uses, it waits in the program (its bytes land when the window runs). A
+        host->device copy fills a fresh buffer: no cut, unless it wrote memory the window uses (``host``)."""
+        if kind == "copy" and b is not None and b.device.type == "tpu" and a.device.type == "tpu":
+            src, dst = STATE.shim.host_alias(a), STATE.shim.host_alias(b)
+            if self._touches([src], [dst]):
+                self._append(DEVICE_COPY, _copy_fn(tuple(dst.shape), jax_dtype(dst.dtype)), [src], [], [dst],
+                             [jax.ShapeDtypeStruct(tuple(dst.shape), jax_dtype(dst.dtype))], False)
+            else:
+                self._admit(op_node(DEVICE_COPY, [src], [dst]))
             return
         raced = bool(self.ops)
-        self.cut(native_cut(kind, a, b))
+        if kind == "copy" and b is not None and b.device.type == "tpu":
+            if not self._touches([], [b]):
+                return
+            self.cut("host")
+        elif self.cutter.size:
+            self.cut("sync")
         if raced and kind == "copy" and b is not None:
             src = STATE.shim.host_alias(a) if a.device.type == "tpu" else a
             dst = STATE.shim.host_alias(b) if b.device.type == "tpu" else b
@@ -263,19 +263,13 @@ class Window:
         if found is None:
             specs = [jax.ShapeDtypeStruct(tuple(t.shape), jax_dtype(t.dtype)) for t in tensors]
             shapes = jax.eval_shape(fn, *specs, *scalars)
-            leaves = shapes if isinstance(shapes, (tuple, list)) else [shapes]
-            outs = [torch.empty(tuple(s.shape), dtype=torch_dtype(s.dtype), device="meta")
-                    for s in leaves if s is not None and hasattr(s, "shape")]
-            found = self._described[sig] = (shapes, fusible(name, tensors, outs, args))
+            found = self._described[sig] = (shapes, fusible(name))
         return found
 
-    def host_fusible(self, sig: tuple, name: str, inputs: list[torch.Tensor], outputs: Callable[[], list],
-                     args: tuple) -> bool:
-        """``fusible`` of an op the host runs, once per signature (``outputs`` is called only then)."""
+    def host_fusible(self, name: str) -> bool:
+        """``fusible`` of an op the host runs (remembered as the host op asked about last)."""
         self._host_name = name
-        if sig not in self._host_fusible:
-            self._host_fusible[sig] = fusible(name, inputs, outputs(), args)
-        return self._host_fusible[sig]
+        return fusible(name)
 
     def _spec(self, base: Key, key: Key) -> tuple | None:
         pair = (base, key)
@@ -315,8 +309,8 @@ class Window:
     # ------------------------------------------------------------ recording ops
 
     def alone(self, run: Callable[[], object], name: str | None = None) -> object:
-        """Run a non-fusible op now, alone, as fusion does: the pending window ends first (``opaque``, or
-        ``dynamic`` for an op with a data-dependent shape). ``name``: the host op asked about last."""
+        """Run an op TorchTPU does not defer now, alone, as fusion does: the pending window ends first
+        (``opaque``). ``name``: the host op asked about last."""
         self._admit(Node(key=None, fusible=False, name=self._host_name if name is None else name))
         return run()
 
@@ -459,6 +453,18 @@ class Window:
         for dst, value in zip(dsts, outs):
             dst.copy_(jax_to_tensor(value))
         self.stats.executions += 1
+
+
+_COPIES: dict[tuple, Callable] = {}
+
+
+def _copy_fn(shape: tuple[int, ...], dtype: object) -> Callable:
+    """A device copy's computation into a tensor of ``shape`` and ``dtype`` (copy_ casts and broadcasts), one
+    function per target so a window's signature repeats."""
+    key = (shape, dtype)
+    if key not in _COPIES:
+        _COPIES[key] = lambda x: jnp.broadcast_to(jnp.asarray(x).astype(dtype), shape)
+    return _COPIES[key]
 
 
 def _targets(info: OpInfo, args: tuple, outs: dict, leaves: list) -> list[torch.Tensor] | None:

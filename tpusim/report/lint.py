@@ -8,6 +8,8 @@ one row in ``RULES``.
 
 from __future__ import annotations
 
+import os
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,7 +18,8 @@ from tpusim.eager.compile_cache import Recompile
 from tpusim.hardware.compute import matmul_padding
 from tpusim.hardware.spec import ChipSpec
 from tpusim.pricing.timeline import Timeline
-from tpusim.trace.records import CollectiveRecord, HostRecord, OpRecord, StepMarker, Trace
+from tpusim.report import fused_lint, torchtpu
+from tpusim.trace.records import CollectiveRecord, DynamoRecompile, HostRecord, OpRecord, StepMarker, Trace
 
 HBM_NEAR_CAPACITY = 0.9
 MXU_WASTE_SHARE = 0.05   # shapes with at least 5% of the program's matmul FLOPs...
@@ -144,16 +147,32 @@ def step_loop_recompiles(trace: Trace, recompiles: Sequence[Recompile]) -> list[
 
 def recompilations(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
     """Shapes that change from step to step recompile the same code (the classic PyTorch/XLA pain); which
-    recompiles count: ``step_loop_recompiles``."""
+    recompiles count: ``step_loop_recompiles``. One cause is named: a short last batch (only the loop's last
+    step recompiles, its leading dim shrunk), which TorchTPU compiles anew for one step."""
     stats = timeline.meta.get("compile_cache") if timeline is not None else None
     if stats is None:
         return []
+    step_of = {r.seq: step for r, step in zip(trace.records, step_of_records(trace)) if hasattr(r, "seq")}
+    last = max((step for step in step_of.values() if step is not None), default=None)
     found: dict[str, list] = {}
     for recompile in step_loop_recompiles(trace, stats.recompiles):
         found.setdefault(recompile.source, []).append(recompile)
-    return [(f"{len(items)} recompilation(s) of {items[0].op}: shapes changed from {items[0].old_shapes} to "
-             f"{items[0].new_shapes}; pad or bucket them to a few fixed shapes", source)
-            for source, items in sorted(found.items())]
+    findings = []
+    for source, items in sorted(found.items()):
+        old, new = items[0].old_shapes, items[0].new_shapes
+        if {step_of.get(r.seq) for r in items} == {last} and _shorter_batch(old, new):
+            findings.append((f"{len(items)} recompilation(s) of {items[0].op} in the last step only: a short last "
+                             f"batch ({old[0][0]} -> {new[0][0]} rows) is compiled anew on TorchTPU for one step; drop "
+                             f"it (DataLoader(drop_last=True)) or pad it to the full batch", source))
+        else:
+            findings.append((f"{len(items)} recompilation(s) of {items[0].op}: shapes changed from {old} to {new}; pad "
+                             f"or bucket them to a few fixed shapes", source))
+    return findings
+
+
+def _shorter_batch(old: tuple, new: tuple) -> bool:
+    """The first tensor's leading (batch) dim shrank and nothing else of its shape changed."""
+    return bool(old and new and old[0] and new[0]) and new[0][0] < old[0][0] and new[0][1:] == old[0][1:]
 
 
 def _same_ranks(old: tuple, new: tuple) -> bool:
@@ -186,10 +205,40 @@ def graph_breaks(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> lis
             for b in (facts.graph_breaks if facts else ())]
 
 
+_SCALAR_GUARD = re.compile(r"==\s*-?\d")              # a guard on a Python number's value: "L['lr'] == 0.01"
+_SIZE_GUARD = re.compile(r"size mismatch at index (\d+)")  # "tensor 'x' size mismatch at index 0. expected 8, actual 5"
+_USER_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
 def dynamo_recompiles(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
-    """A Dynamo recompilation re-traces and re-compiles a function."""
+    """A Dynamo recompilation re-traces and re-compiles a function; on TorchTPU each is a new XLA compile. The
+    guard that failed names the cause: a Python number guarded by its value (a float or int that changes
+    between calls, a learning rate from a scheduler), or a tensor size (a short last batch)."""
     facts = trace.meta.torch_compile
-    return [(f"torch.compile recompiled {r.function}: {r.reason}", "") for r in (facts.recompiles if facts else ())]
+    return [(f"torch.compile recompiled {r.function}: {_recompile_cause(r)}", _dynamo_source(r))
+            for r in (facts.recompiles if facts else ())]
+
+
+def _recompile_cause(recompile: DynamoRecompile) -> str:
+    guard = recompile.reason.strip().splitlines()[0].split("#", 1)[0].strip() if recompile.reason.strip() else ""
+    size = _SIZE_GUARD.search(guard)
+    if size:
+        batch = " (at index 0, the batch: a short last batch? drop it or pad it)" if size.group(1) == "0" else ""
+        return f"{guard}: a tensor's size changed{batch}; pad or bucket sizes to a few fixed shapes"
+    if _SCALAR_GUARD.search(guard) and "len(" not in guard and "stride" not in guard:
+        return (f"{guard}: a Python number that changes between calls is a constant of the compiled graph, so each "
+                f"new value compiles anew; pass it as a tensor (torch.tensor(value, device=...))")
+    return guard or recompile.reason
+
+
+def _dynamo_source(recompile: DynamoRecompile) -> str:
+    """The user's line: the failing guard's frame when Dynamo names one, else the recompiled function's."""
+    frames = _USER_FRAME.findall(recompile.reason)
+    if frames:
+        path, line = frames[-1]
+        return f"{os.path.basename(path)}:{line}"
+    where = re.search(r"\(([^()]+):(\d+)\)$", recompile.function)
+    return f"{os.path.basename(where.group(1))}:{where.group(2)}" if where else ""
 
 
 def eager_graphs(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
@@ -197,6 +246,46 @@ def eager_graphs(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> lis
     facts = trace.meta.torch_compile
     return [(f"torch.compile {g.graph} ran op by op: no JAX lowering for {', '.join(g.missing)}", "")
             for g in (facts.eager_graphs if facts else ())]
+
+
+def torchtpu_unlowered_ops(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
+    """ATen ops TorchTPU has no lowering for (tpusim/report/torchtpu.py's table, counted from its source): tpusim
+    ran them with CPU's kernels, TorchTPU raises NotImplementedError (or runs them on the host with its fallback
+    on). Once per op, at the first line that called it."""
+    calls: Counter[str] = Counter()
+    first: dict[str, str] = {}
+    for op in trace.of_kind(OpRecord):
+        if not torchtpu.lowers(op.op):
+            calls[op.op] += 1
+            first.setdefault(op.op, op.source)
+    return [(f"{name} ({n}x) has no TorchTPU lowering: on TorchTPU this op fails (NotImplementedError), or falls "
+             f"back to the host under fallback_mode(FallbackMode.ALLOW_FALLBACK); tpusim ran it with CPU's kernel",
+             first[name])
+            for name, n in sorted(calls.items())]
+
+
+def attention_off_flash(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
+    """Attention calls whose shapes or dtype miss TorchTPU's fused flash-attention kernel (its conditions as data:
+    tpusim/report/data/torchtpu_attention.toml): TorchTPU runs them unfused, the scores through HBM. Once per line."""
+    conditions = torchtpu.flash_conditions()
+    found: dict[str, tuple[tuple[int, ...], str, list[str]]] = {}
+    for op in trace.of_kind(OpRecord):
+        if op.op in torchtpu.ATTENTION_FORWARD_OPS and len(op.inputs) >= 3 and op.source not in found:
+            q, k, v = op.inputs[:3]
+            reasons = conditions.misses(q.shape, k.shape, v.shape, q.dtype)
+            if reasons:
+                found[op.source] = (q.shape, q.dtype, reasons)
+    return [(f"scaled_dot_product_attention with query {shape} {dtype} misses TorchTPU's fused flash-attention "
+             f"kernel: {'; '.join(reasons)}; TorchTPU runs it unfused (scores through HBM)", source)
+            for source, (shape, dtype, reasons) in sorted(found.items())]
+
+
+def compile_under_inference_mode(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
+    """torch.compile run under torch.inference_mode(): tpusim compiles it, TorchTPU's torch.compile cannot capture
+    the graph (its error glossary, docs/notebooks/error_glossary.py, "The inference_mode Crash")."""
+    return [("torch.compile ran under torch.inference_mode(): on TorchTPU this fails (torch.compile cannot capture "
+             "graphs under inference_mode); use torch.no_grad() instead", source)
+            for source in trace.meta.inference_mode_compiles or ()]
 
 
 def uses_one_chip(trace: Trace) -> bool:
@@ -230,6 +319,14 @@ RULES: dict[str, tuple[Rule, str]] = {
     "graph-break": (graph_breaks, "torch.compile graph breaks"),
     "dynamo-recompile": (dynamo_recompiles, "Dynamo recompilations"),
     "eager-graph": (eager_graphs, "compiled graphs that ran op by op (no JAX lowering)"),
+    "torchtpu-op": (torchtpu_unlowered_ops, "ATen ops TorchTPU does not lower: they fail on TorchTPU (or run on the "
+                    "host)"),
+    "attention-path": (attention_off_flash, "attention shapes or dtypes that miss TorchTPU's fused flash kernel"),
+    "compile-inference-mode": (compile_under_inference_mode, "torch.compile under torch.inference_mode(), which "
+                               "fails on TorchTPU"),
+    "fused-rank-cuts": (fused_lint.rank_cluster_cuts, "Fused eager clusters that end at other ops on another rank "
+                        "(a hang on TorchTPU)"),
+    "fused-decode": (fused_lint.decode_recompiles, "a decode loop under Fused eager: every step compiles anew"),
     "idle-chips": (idle_chips, "a one-chip program on a slice of many: the other chips idle"),
 }
 

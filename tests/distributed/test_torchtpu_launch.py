@@ -72,7 +72,8 @@ def _check(result: dict, backend: str) -> None:
     assert result["params"] == ref["params"]
     torch.testing.assert_close(torch.tensor(result["pred"]), torch.tensor(ref["pred"]), atol=1e-5, rtol=1e-5)
     # two executions of the compiled forward with the same shapes: one compile, one hit, one entry
-    assert result["cache"] == {"requests": 2, "hits": 1, "entries": 1}
+    assert result["cache"] == {"requests": 2, "hits": 1, "entries": 1}   # the compiled graph: one miss, one hit
+    assert result["eager_requests"] > 0                                  # and every eager op before it
 
 
 def _env() -> dict[str, str]:

@@ -62,7 +62,7 @@ class RunOptions:
     def from_args(cls, args: argparse.Namespace) -> RunOptions:
         """`tpusim run`'s parsed command line (the mode text is resolved here; unknown names are refused)."""
         return cls(script=args.script, script_args=tuple(args.script_args), chip=args.chip,
-                   topology=args.topology, modes=modes_of(args.mode or mode_from_environment(os.environ)),
+                   topology=args.topology, modes=modes_of(args.mode or _mode_from_environment()),
                    numerics=args.numerics,
                    placement=args.placement, compare_placements=args.compare_placements, ranks=args.ranks,
                    target=args.target, pjrt_timeout_s=args.pjrt_timeout or None,
@@ -89,6 +89,15 @@ class RunOptions:
         command += [] if self.calibration else ["--no-calibration"]
         command += ["--quiet"] if self.quiet else []
         return [*command, "--", *self.script_args] if self.script_args else command
+
+
+def _mode_from_environment() -> str:
+    """The mode the script's environment selects (TPUSIM_EAGER_MODE, TorchTPU's variables); a bad value is left to
+    the environment check, which names it in its own words, so this gives the default then."""
+    try:
+        return mode_from_environment(os.environ)
+    except TpusimError:
+        return DEFAULT_MODE
 
 
 def modes_of(text: str) -> tuple[EagerMode, ...]:

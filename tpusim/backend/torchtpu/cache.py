@@ -107,8 +107,8 @@ def _pjrt_counts() -> tuple[int, int]:
 
 
 def _eager_counts() -> tuple[int, int, list[CacheEntryStats]]:
-    """(requests, hits, entries) of eager ops (the shim's counters), or the PJRT target's when it was used."""
-    if _PJRT in sys.modules:
+    """(requests, hits, entries) of eager ops (the shim's counters), or the PJRT target's while it is the target."""
+    if getattr(STATE.target, "name", "") == "pjrt":
         return (*_pjrt_counts(), [])
     requests, hits, entries = STATE.shim.eager_cache()
     return requests, hits, [CacheEntryStats(label, dt.timedelta(0),

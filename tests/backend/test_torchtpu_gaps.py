@@ -119,3 +119,22 @@ def test_inductor_on_tpu_equals_cpu():
     fn = torch.compile(lambda x: x.sin() + 1, backend="inductor")
     x = torch.randn(3)
     torch.testing.assert_close(fn(x.to("tpu")).cpu(), x.sin() + 1)
+
+
+def test_arange_in_wide_unsigned_dtypes():
+    """TorchTPU's quantized-sum notebook makes uint32 ranges; CPU has no kernel for them."""
+    got = torch.arange(2, 11, 3, dtype=torch.uint32, device="tpu")
+    assert got.dtype == torch.uint32 and got.cpu().tolist() == [2, 5, 8]
+
+
+def test_boolean_mask_write_inside_torch_compile():
+    """TorchTPU's quant notebook: ``signs[signs == 0] = 1`` in a compiled function (jit refuses a boolean index;
+    with one value it is a select)."""
+    def quantise_signs(x: torch.Tensor) -> torch.Tensor:
+        signs = torch.sign(x)
+        signs[signs == 0.0] = 1.0
+        return signs * x.abs().amax()
+
+    x = torch.tensor([[0.0, 1.5], [-2.0, 0.0]])
+    got = torch.compile(quantise_signs, backend="tpu")(x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), quantise_signs(x.clone()), rtol=0, atol=0)

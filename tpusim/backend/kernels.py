@@ -184,7 +184,22 @@ def _out_dtype_matmul(op: torch._ops.OpOverload, a: list, kw: dict) -> torch.Ten
     return plain(*widened, **kw)
 
 
+_UNSIGNED_WIDE = (torch.uint16, torch.uint32, torch.uint64)
+
+
+def _arange_out(op: torch._ops.OpOverload, a: list, kw: dict) -> torch.Tensor:
+    """``torch.arange(n, dtype=torch.uint32)``: TorchTPU makes it (TorchTPU's own quantised-sum notebook does), CPU
+    has no kernel for uint16/32/64; counted in int64 and converted, the values are the same."""
+    out = kw["out"]
+    if out.dtype not in _UNSIGNED_WIDE:
+        return op(*a, **kw)
+    values = aten.arange.start_out(*a, out=torch.empty(0, dtype=torch.int64))
+    out.resize_(values.shape)
+    return out.copy_(values)
+
+
 KERNELS: dict[str, Callable[[object, list, dict], object]] = {
+    "aten::arange.start_out": _arange_out,
     "aten::mm.dtype": _out_dtype_matmul,
     "aten::bmm.dtype": _out_dtype_matmul,
     "aten::addmm.dtype": _out_dtype_matmul,

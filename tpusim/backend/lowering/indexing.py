@@ -33,9 +33,24 @@ def _index(x: jax.Array, indices: Sequence[jax.Array | None]) -> jax.Array:
 @register(aten.index_put.default, aten._unsafe_index_put.default, aten._index_put_impl.default)
 def _index_put(x: jax.Array, indices: Sequence[jax.Array | None], values: jax.Array, accumulate: bool = False,
                unsafe: bool = False) -> jax.Array:
-    ref = x.at[_index_tuple(indices)]
     values = as_array(values, x.dtype)
+    mask = _leading_mask(x, indices)
+    if mask is not None and values.size == 1:
+        # ``x[mask] = v`` (quantisers' ``signs[signs == 0] = 1``): a boolean mask has a data-dependent number of
+        # elements, which jit refuses, but with one value the write is a select over the whole array
+        where = mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
+        update = x + values.reshape(()) if accumulate else values.reshape(())
+        return jnp.where(where, update, x)
+    ref = x.at[_index_tuple(indices)]
     return ref.add(values) if accumulate else ref.set(values)
+
+
+def _leading_mask(x: jax.Array, indices: Sequence[jax.Array | None]) -> jax.Array | None:
+    """The boolean mask when the only index is one over ``x``'s leading dims (None otherwise)."""
+    if len(indices) != 1 or indices[0] is None or indices[0].dtype != jnp.bool_:
+        return None
+    mask = indices[0]
+    return mask if mask.shape == x.shape[:mask.ndim] else None
 
 
 def _full_index(index: jax.Array, dim: int) -> tuple:

@@ -3,9 +3,11 @@
     torchrun --nproc_per_node 2 torchtpu_ddp.py [BACKEND]        # plain torchrun, no tpusim run
     python -m tpusim run torchtpu_ddp.py --topology 2d:2x1        # priced on a simulated slice
 
-DDP on the "tpu_dist" c10d backend (or the name given), three steps each in another eager mode through
-``torch.tpu.set_eager_mode``, then ``torch.compile(model)`` with no backend and the compile-cache telemetry
-``torch.tpu._get_cache_stats()``. Rank 0 prints one ``RESULT {json}`` line: the global mean loss per step, the
+Written as TorchTPU's examples are: ``import torch_tpu``, the device from ``torch_tpu.api.tpu_device()``,
+modes from ``torch_tpu._internal.execution_mode`` (tpusim's torch_tpu package). DDP on the "tpu_dist" c10d
+backend (or the name given), three steps each in another eager mode through ``em.set_eager_mode``, then
+``torch.compile(model)`` with no backend and the compile-cache telemetry ``torch.tpu._get_cache_stats()``.
+Rank 0 prints one ``RESULT {json}`` line: the global mean loss per step, the
 final parameters, the compiled model's predictions and the cache figures.
 """
 
@@ -15,6 +17,10 @@ import sys
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+import torch_tpu  # noqa: F401  (TorchTPU's scripts begin so)
+from torch_tpu import api
+from torch_tpu._internal import execution_mode as em
 
 STEPS = 3
 BATCH = 4          # samples per rank and step
@@ -34,18 +40,18 @@ def main() -> None:
     backend = sys.argv[1] if len(sys.argv) > 1 else "tpu_dist"
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    net = model().to("tpu")
+    device = api.tpu_device()
+    net = model().to(device)
     ddp = DDP(net)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     xs, ys = data(world)
-    modes = [torch.tpu.EagerMode.DEFER_NEVER, torch.tpu.EagerMode.DEFER_AND_FUSE,
-             torch.tpu.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING]
+    modes = [em.EagerMode.DEFER_NEVER, em.EagerMode.DEFER_AND_FUSE, em.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING]
     losses, seen = [], []
     for step in range(STEPS):
-        with torch.tpu.set_eager_mode(modes[step]):
+        with em.set_eager_mode(modes[step]):
             seen.append(torch.tpu.eager_mode.name)
-            x = xs[step, rank * BATCH:(rank + 1) * BATCH].to("tpu")
-            y = ys[step, rank * BATCH:(rank + 1) * BATCH].to("tpu")
+            x = xs[step, rank * BATCH:(rank + 1) * BATCH].to(device)
+            y = ys[step, rank * BATCH:(rank + 1) * BATCH].to(device)
             loss = ((ddp(x) - y) ** 2).mean()
             opt.zero_grad()
             loss.backward()
@@ -56,8 +62,8 @@ def main() -> None:
     compiled = torch.compile(net)                 # no backend: "tpu" for tpu inputs, as TorchTPU does
     eager = torch.tpu._get_cache_stats()          # the training loop's eager ops counted so far
     with torch.no_grad():
-        pred = compiled(xs[0, :BATCH].to("tpu"))
-        pred = compiled(xs[1, :BATCH].to("tpu"))  # same shapes: a cache hit
+        pred = compiled(xs[0, :BATCH].to(device))
+        pred = compiled(xs[1, :BATCH].to(device))  # same shapes: a cache hit
     stats = torch.tpu._get_cache_stats()
     if rank == 0:
         print("RESULT " + json.dumps({

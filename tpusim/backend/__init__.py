@@ -62,11 +62,12 @@ except Exception as _err:  # at `import torch`, warn instead of breaking torch f
 from tpusim.backend.config import DeviceConfig, load_config  # noqa: E402
 from tpusim.backend.debug import TpuNonFiniteError  # noqa: E402
 from tpusim.backend.device import configure  # noqa: E402
+from tpusim.backend.phases import phase  # noqa: E402
 from tpusim.backend.policy import TpuFloat64Warning, non_native_ops  # noqa: E402
 from tpusim.backend.recorder import Recording, recording, start, step, stop  # noqa: E402
 
 __all__ = ["DeviceConfig", "Recording", "TpuFloat64Warning", "TpuNonFiniteError", "configure", "load_config",
-           "non_native_ops", "recording", "start", "step", "stop"]
+           "non_native_ops", "phase", "recording", "start", "step", "stop"]
 
 
 from tpusim.backend.compile import compile_stats, dump_stablehlo  # noqa: E402,F401  (torch.compile backend="tpu")

@@ -30,6 +30,8 @@ from tpusim.pricing.timeline import Timeline
 from tpusim.report.steps import Steps
 from tpusim.trace.records import OpRecord, Trace
 
+NO_STEPS_MARKED = "no steps marked, so over"   # the verdict of a program without steps starts so
+
 # What can bound a step: name -> (device_split terms it sums, words, lint codes that move it).
 # Adding a bound = one row here.
 BOUNDS: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {
@@ -102,7 +104,7 @@ def headline(timeline: Timeline, trace: Trace, chip: ChipSpec, steps: Steps, ste
         bound, levers, line = None, [], "nothing ran on the device (no kernels): no bound to report"
     elif not steps.count:
         span = "the recorded start of the program (the record budget stopped it)" if prefix else "the whole program"
-        line = f"no steps marked, so over {span}: {line}"
+        line = f"{NO_STEPS_MARKED} {span}: {line}"
     parameters = trace.meta.trained_parameters
     model_flops = 6.0 * parameters * tokens_per_step / world_size if parameters and tokens_per_step else None
     return {

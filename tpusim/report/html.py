@@ -19,7 +19,7 @@ from markupsafe import Markup
 
 from tpusim.report.model import incomplete_reason
 from tpusim.report.schema import Headline, MeasuredSection, ModeSection, Report
-from tpusim.report.summary import budget_line, mode_rows, recorded_prefix, warmup_lines
+from tpusim.report.summary import budget_line, inference_lines, mode_rows, recorded_prefix, warmup_lines
 from tpusim.report.text import percent_text, seconds_text, tflops_text
 from tpusim.units import format_bytes
 
@@ -145,7 +145,9 @@ def render_html(report: Report, figures: dict[str, Path]) -> str:
         "verdict": summary.headline.verdict if summary is not None and summary.headline else None,
         "warmup": warmup_lines(modes), "warnings": report.warnings,
         "mode_headers": ["", *names],
-        "mode_table": [[label, *values] for label, values in mode_rows(modes, names, recorded_prefix(report))],
+        "mode_table": [[label, *values] for label, values in mode_rows(modes, names, recorded_prefix(report),
+                                                                        report.inference)],
+        "inference": inference_lines(report.inference),     # the KV cache, what fits, each mode's decode verdict
         "measured": measured_context(report.measured) if report.measured else None,
         "figures": [{"name": name, "title": title, "image": _image(figures[name]) if name in figures else None}
                     for name, title in FIGURES],

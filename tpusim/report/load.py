@@ -9,7 +9,8 @@ Versions read: ``READ_VERSIONS``. Version 1 lacks ``exit_code`` and ``interrupte
 and 2 took ``step_time_median_s`` (and ``mfu``) over every step after the first, warm-up compiles included,
 where version 3 takes the steady state (``median_meaning`` says which, and ``tpusim compare`` notes a mixed pair);
 versions 1-3 wrote the whole program's time as ``step_time_median_s`` of a script that marked no steps, read
-here as null, as version 4 writes it. Everything else a reader needs is the same.
+here as null, as version 4 writes it. Version 5 adds ``inference`` (null in older ones). Everything else a
+reader needs is the same.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tpusim.errors import TpusimError, shown
 from tpusim.report.model import SCHEMA, SCHEMA_VERSION
 from tpusim.report.schema import Report
 
-READ_VERSIONS = (1, 2, 3, SCHEMA_VERSION)
+READ_VERSIONS = (1, 2, 3, 4, SCHEMA_VERSION)
 NO_STEPS_NULL_SINCE = 4     # the first version that writes no step time for a script without steps
 STEADY_MEDIAN_SINCE = 3     # the first version whose step_time_median_s leaves warm-up steps out
 

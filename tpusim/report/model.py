@@ -10,14 +10,15 @@ The same inputs give a byte-identical file: no wall-clock times (except in ``mea
 only --target pjrt writes), sorted keys, floats rounded to 9 significant digits, lists in a
 defined order.
 
-Schema ``tpusim-report`` version 4. Version 4: ``step_time_median_s`` is null when the script marks no steps
+Schema ``tpusim-report`` version 5. Version 5 adds ``inference`` (null for a program without decode steps).
+Version 4: ``step_time_median_s`` is null when the script marks no steps
 (earlier versions wrote the whole program's time there). Version 3: ``step_time_median_s`` and ``mfu`` are the
 steady state's (warm-up steps that compiled are left out: ``steps``); in version 2 the median took every step after the
 first, warm-up compiles included. Version 1 also lacked ``exit_code`` and ``interrupted`` and read
-``complete: true`` after ``sys.exit(3)``. ``tpusim.report.load`` reads all four; ``tpusim compare`` says
+``complete: true`` after ``sys.exit(3)``. ``tpusim.report.load`` reads all five; ``tpusim compare`` says
 when it compares a version 3 or 4 report with an older one::
 
-    schema, version            "tpusim-report", 4
+    schema, version            "tpusim-report", 5
     complete                   true only when the script ran to its end with exit status 0, nothing
                                was interrupted and every mode asked for was priced
     error                      {type, traceback} when the script raised, else null
@@ -102,6 +103,14 @@ when it compares a version 3 or 4 report with an older one::
     placements                 (--compare-placements) mesh {dim_names, shape}, default, reason (why the
                                best wins), ranked [{placement, step_s, total_s, collective_s, by_dim,
                                axes, algorithms}] by step time (tpusim/placement/compare.py)
+    inference                  null, or a program with decode steps (tpusim/report/inference.py; docs/report.md):
+                               phases_from ("marked" | "detected"), batch, prompt_tokens, decode_steps,
+                               weights_bytes (per chip), kv_cache {bytes, bytes_per_sequence, bytes_per_token,
+                               context, dtype, tensors, static}, fits {hbm_bytes, needed_bytes, fits, batch,
+                               context, max_batch_at_context, max_context_at_batch, line}, modes.<mode> {ttft_s,
+                               tpot_median_s, tpot_p90_s, decode_steps_s, decode_s, tokens_per_s_per_chip/_slice,
+                               roofline_step_s, roofline_ratio, prefill and decode {time_s, mxu_utilisation,
+                               hbm_utilisation, bound, bound_shares, verdict}, verdict}
     measured                   (--target pjrt only; wall-clock times, so they differ run to run) the script run
                                for real through JAX, one fresh process per mode (tpusim/report/measured.py):
       platform, device_kind    JAX's default device ("tpu", "TPU v5 lite"; "cpu", "cpu"); is_tpu, jax_version
@@ -133,7 +142,8 @@ from tpusim.placement import Distributed, PlacementComparison
 from tpusim.pricing import priced_chip
 from tpusim.pricing.timeline import Timeline
 from tpusim.report.collectives import collective_entry, group_collectives
-from tpusim.report.headline import headline
+from tpusim.report.headline import NO_STEPS_MARKED, headline
+from tpusim.report.inference import inference_section
 from tpusim.report.links import link_summary
 from tpusim.report.lint import LintWarning, step_loop_recompiles
 from tpusim.report.measured import Measured, measured_section
@@ -146,7 +156,7 @@ from tpusim.trace.records import CollectiveRecord, HostRecord, OpRecord, StepMar
 from tpusim.xla.programs import XlaEstimates
 
 SCHEMA = "tpusim-report"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 TOP_OPS = 20
 RECOMPILES_LISTED = 20
 DEVICE_TERMS = ("mxu", "vpu", "transcendental", "hbm", "sparsecore", "launch")
@@ -232,7 +242,13 @@ def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str
                                     prefix=info.recording_stopped is not None and not info.recording_stopped.after_step)
                   for mode, timeline in timelines.items()},
         "warnings": [asdict(w) for w in warnings],
+        "inference": inference_section(trace, timelines, chip, slice_.total_chips, device_split),
     }
+    if report["inference"] is not None:     # a decode loop marks no training steps, and nothing is wrong with that
+        for section in report["modes"].values():
+            head = section["headline"]
+            head["verdict"] = head["verdict"].replace(NO_STEPS_MARKED, "an inference program (no training steps; "
+                                                      "per phase: inference), so over")
     if xla is not None:             # the run had compiled programs: who priced them (tpusim/report/xla.py)
         for mode, section in xla_sections(xla, timelines, trace, chip).items():
             report["modes"][mode].update(section)

@@ -439,6 +439,72 @@ class MeasuredSection(Part):
     modes: dict[str, MeasuredMode]
 
 
+class InferencePhase(Part):
+    """inference.modes.<mode>.prefill / .decode: one phase's window (tpusim/report/inference.py)."""
+
+    time_s: Num                         # the phase's time (decode: every step)
+    mxu_utilisation: Num                # the phase's FLOPs / (its time x the MXU peak of the dtypes used)
+    hbm_utilisation: Num                # HBM bytes the phase's kernels moved / (its time x HBM bandwidth)
+    bound: str | None                   # the headline's bound over the window (BOUNDS in report/headline.py)
+    bound_shares: dict[str, Num]
+    verdict: str | None
+
+
+class InferenceMode(Part):
+    """inference.modes.<mode>: the serving numbers of one eager mode."""
+
+    ttft_s: Num | None                  # time to first token: the prefill's time (null: no prefill found)
+    tpot_median_s: Num                  # time per output token: median over the decode steps
+    tpot_p90_s: Num
+    decode_steps_s: list[Num]
+    decode_s: Num
+    tokens_per_s_per_chip: Num | None   # batch x decode steps / decode_s (per chip)
+    tokens_per_s_per_slice: Num | None
+    roofline_step_s: Num                # (weights + KV cache bytes) / HBM bandwidth: a token step's floor
+    roofline_ratio: Num | None          # tpot_median_s / roofline_step_s
+    prefill: InferencePhase | None
+    decode: InferencePhase
+    verdict: str
+
+
+class KvCache(Part):
+    """inference.kv_cache: the tensors attention reads as K and V (per chip)."""
+
+    bytes: Num                          # the whole cache
+    bytes_per_sequence: Num             # bytes / batch
+    bytes_per_token: Num                # per sequence and token of context (2 x layers x kv_heads x head_dim x dtype)
+    context: int                        # tokens of context the cache holds
+    dtype: str
+    tensors: int                        # K and V tensors (2 per layer)
+    static: bool                        # the same storages every step (a static cache), else grown by cat
+
+
+class KvFits(Part):
+    """inference.fits: what the chip's HBM holds beside the weights (weights and KV cache only)."""
+
+    hbm_bytes: Num
+    needed_bytes: Num                   # weights + batch x context x bytes_per_token
+    fits: bool
+    batch: int
+    context: int
+    max_batch_at_context: int | None
+    max_context_at_batch: int | None
+    line: str                           # "batch B at context C fits (...); at context C the largest batch is N"
+
+
+class InferenceSection(Part):
+    """inference: a program with decode steps (version 5 on; null otherwise)."""
+
+    phases_from: str                    # "marked" (tpusim.backend.phase) or "detected" (attention shapes)
+    batch: int                          # sequences decoded together (the query's batch)
+    prompt_tokens: int | None           # the prefill's query length
+    decode_steps: int
+    weights_bytes: Num                  # read every decode step and written by none (per chip)
+    kv_cache: KvCache | None
+    fits: KvFits | None
+    modes: dict[str, InferenceMode]
+
+
 class Report(Part):
     """report.json (schema ``tpusim-report``, versions ``READ_VERSIONS``)."""
 
@@ -459,6 +525,7 @@ class Report(Part):
     placements: PlacementsSection | None = None
     faults: dict[str, Any] | None = None
     measured: MeasuredSection | None = None
+    inference: InferenceSection | None = None     # version 5 on
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, populate_by_name=True,
                               alias_generator=lambda name: "schema" if name == "schema_" else name)

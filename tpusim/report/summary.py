@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tpusim.report.model import incomplete_reason
-from tpusim.report.schema import CompileCache, Headline, ModeSection, Report, StepsInfo
+from tpusim.report.schema import CompileCache, Headline, InferenceSection, ModeSection, Report, StepsInfo
 from tpusim.report.text import percent_text, seconds_text, tflops_text
 from tpusim.units import format_bytes
 
@@ -87,10 +87,52 @@ def headline_rows(modes: Modes, names: list[str]) -> list[tuple[str, list[str]]]
 TOTALS = "whole-program totals:"      # a divider row: host dispatch above a step time is no contradiction
 
 
-def mode_rows(modes: Modes, names: list[str], partial: bool = False) -> list[tuple[str, list[str]]]:
-    """Every row of the per-mode table, as text: the terminal summary and report.html show the same rows."""
+def inference_rows(inference: InferenceSection, names: list[str]) -> list[tuple[str, list[str]]]:
+    """An inference program's serving numbers per mode (tpusim/report/inference.py); "-" where a mode has none."""
+    modes = inference.modes
+
+    def row(label: str, value) -> tuple[str, list[str]]:
+        return label, [value(modes[m]) if m in modes else "-" for m in names]
+
     return [
-        *step_rows(modes, names, partial),
+        row("TTFT (prefill)", lambda m: seconds_text(m.ttft_s)),
+        row(f"TPOT median ({inference.decode_steps} steps)", lambda m: seconds_text(m.tpot_median_s)),
+        row("TPOT p90", lambda m: seconds_text(m.tpot_p90_s)),
+        row("tokens/s per slice", lambda m: _per_second(m.tokens_per_s_per_slice)),
+        row("tokens/s per chip", lambda m: _per_second(m.tokens_per_s_per_chip)),
+        row("decode MXU utilisation", lambda m: percent_text(m.decode.mxu_utilisation)),
+        row("decode HBM utilisation", lambda m: percent_text(m.decode.hbm_utilisation)),
+        row("decode bound by", lambda m: m.decode.bound or "-"),
+        row("TPOT / HBM roofline", lambda m: "-" if m.roofline_ratio is None else f"{m.roofline_ratio:.3g}x"),
+    ]
+
+
+def inference_lines(inference: InferenceSection | None) -> list[str]:
+    """The KV cache, what fits, and each mode's decode verdict."""
+    if inference is None:
+        return []
+    lines = []
+    if kv := inference.kv_cache:
+        lines.append(f"KV cache: {format_bytes(kv.bytes)} per chip ({'static' if kv.static else 'grown by cat'}, "
+                     f"{kv.dtype}): {format_bytes(kv.bytes_per_sequence)} per sequence of {kv.context} tokens, "
+                     f"{format_bytes(kv.bytes_per_token)} per token; weights {format_bytes(inference.weights_bytes)}")
+    if inference.fits:
+        lines.append(f"fits: {inference.fits.line}")
+    lines += [f"inference ({name}): {mode.verdict}" for name, mode in inference.modes.items()]
+    return lines
+
+
+def mode_rows(modes: Modes, names: list[str], partial: bool = False,
+              inference: InferenceSection | None = None) -> list[tuple[str, list[str]]]:
+    """Every row of the per-mode table, as text: the terminal summary and report.html show the same rows; an
+    inference program without training steps shows its phases in place of the step rows."""
+    steps = step_rows(modes, names, partial)
+    if inference is not None and not any(_steps(modes[m]).count for m in names):
+        steps = [*inference_rows(inference, names), steps[-1]]
+    elif inference is not None:
+        steps += inference_rows(inference, names)
+    return [
+        *steps,
         *headline_rows(modes, names),
         (TOTALS, [""] * len(names)),      # the rows above are per step (steady state), those below whole-program
         ("kernels", [str(modes[m].kernels) for m in names]),
@@ -111,11 +153,14 @@ def mode_rows(modes: Modes, names: list[str], partial: bool = False) -> list[tup
 def summary_table(report: Report, out_dir: str) -> str:
     run, modes = report.run, report.modes
     names = list(modes)
-    rows = mode_rows(modes, names, recorded_prefix(report))
+    rows = mode_rows(modes, names, recorded_prefix(report), report.inference)
     program = report.program
     ranks = program.ranks_recorded
     per_rank = f" per rank ({ranks} ranks recorded)" if ranks > 1 else ""
+    inference = report.inference
     steps = (f"{program.steps} steps" if program.steps
+             else f"an inference program: prefill and {inference.decode_steps} decode steps of batch {inference.batch} "
+                  f"({inference.phases_from})" if inference is not None
              else "no steps marked (optimizer.step() or tpusim.backend.step() mark them)")
     calibration = report.chip.calibration
     chip = report.chip.display_name + (f", calibrated ({calibration})" if report.chip.calibrated
@@ -130,6 +175,7 @@ def summary_table(report: Report, out_dir: str) -> str:
     lines += _columns(names, rows) if names else ["no eager mode was priced"]
     lines += warmup_lines(modes)
     lines += verdict_lines(modes)
+    lines += inference_lines(inference)
     lines += recompile_lines(modes)
     for warning in report.warnings:
         lines.append(f"warning: {warning.message}" + (f" ({warning.source})" if warning.source else ""))

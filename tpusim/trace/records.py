@@ -22,6 +22,9 @@ Record kinds (the ``kind`` key on disk):
                   ``h2d`` and ``d2h`` copies, explicit ``dispatch`` time.
 - ``memory``      ``alloc`` / ``free`` of device storage: the HBM live-bytes timeline.
 - ``step``        a training-step boundary (``optimizer.step`` or ``tpusim.step()``).
+- (``host`` ``dispatch`` records of zero seconds also mark things that cost nothing: a change of eager mode
+  (reason ``eager_mode:<mode>``), ``backward()``, and an inference phase (reason ``phase:prefill``,
+  ``phase:decode``, ``phase:end``: ``tpusim.backend.phase``); traces without them load as before.)
 
 Example (two lines of a trace file)::
 
@@ -63,6 +66,8 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broa
                "permute", "barrier")
 HOST_EVENTS = ("sync", "h2d", "d2h", "dispatch")
 MODE_CHANGE_REASON = "eager_mode:"  # + the new mode: reason of the dispatch record marking a change of eager mode
+PHASE_REASON = "phase:"  # + a PHASES name or "end": a zero-second dispatch record marking an inference phase
+PHASES = ("prefill", "decode")   # tpusim.backend.phase(); "decode" marks one output-token step of the batch
 MEMORY_EVENTS = ("alloc", "free")
 
 

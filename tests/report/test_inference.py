@@ -1,0 +1,207 @@
+"""Inference programs (issue 30): prefill and decode told apart (marked or from the attention shapes), and the
+report's serving numbers checked against closed forms: KV bytes per token = 2 x layers x kv_heads x head_dim x dtype
+bytes, the HBM roofline = (weights + KV cache) / HBM bandwidth, tokens/s = batch x decode steps / decode time."""
+
+import itertools
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from statistics import median
+
+import html5lib
+import pytest
+from factories import training_trace
+
+from tpusim.errors import TpusimError
+from tpusim.pricing import price
+from tpusim.report import RunInfo, build_report, summary_table
+from tpusim.report.html import render_html
+from tpusim.report.inference import find_phases
+from tpusim.slice.topology import build_slice
+from tpusim.trace.records import PHASE_REASON, HostRecord, MemoryRecord, OpRecord, TensorMeta, Trace, renumber
+
+LAYERS, BATCH, HEADS, HEAD_DIM, CONTEXT, PROMPT, STEPS, DIM = 2, 4, 8, 128, 512, 16, 8, 8192
+BF16 = 2
+ATTENTION = "aten::_scaled_dot_product_fused_attention_overrideable"
+SCRIPT = Path(__file__).parent / "scripts" / "decode_loop.py"
+_STORAGES = itertools.count(1000, 4)
+
+
+def _t(storage: int, shape: tuple[int, ...]) -> TensorMeta:
+    return TensorMeta(storage, shape, "bfloat16", math.prod(shape) * BF16, storage)
+
+
+WEIGHTS = [_t(100 + layer, (DIM, DIM)) for layer in range(LAYERS)]
+CACHE_SHAPE = (BATCH, HEADS, CONTEXT, HEAD_DIM)
+CACHES = [(_t(200 + 2 * layer, CACHE_SHAPE), _t(201 + 2 * layer, CACHE_SHAPE)) for layer in range(LAYERS)]
+
+
+def forward(tokens: int, marked: str = "") -> list:
+    """One forward pass of ``tokens`` per sequence: per layer a projection (reads the weight), the cache write, the
+    attention over the whole static cache."""
+    fresh = next(_STORAGES)                  # activations: new storages every pass
+    x, y = _t(fresh, (BATCH * tokens, DIM)), _t(fresh + 1, (BATCH * tokens, DIM))
+    q, out = _t(fresh + 2, (BATCH, HEADS, tokens, HEAD_DIM)), _t(fresh + 3, (BATCH, HEADS, tokens, HEAD_DIM))
+    records = [HostRecord(0, "dispatch", PHASE_REASON + marked)] if marked else []
+    for weight, (k, v) in zip(WEIGHTS, CACHES):
+        records += [
+            OpRecord(0, "aten::mm", "mxu", "bfloat16", (x, weight), (y,), flops=2 * BATCH * tokens * DIM * DIM,
+                     bytes_read=x.nbytes + weight.nbytes, bytes_written=y.nbytes,
+                     matmul=(1, BATCH * tokens, DIM, DIM), source="model.py:10"),
+            OpRecord(0, "aten::index_copy_", "vpu", "bfloat16", (k, q), (k,), bytes_read=q.nbytes,
+                     bytes_written=q.nbytes, source="model.py:11"),
+            OpRecord(0, ATTENTION, "mxu", "bfloat16", (q, k, v), (out,),
+                     flops=4 * BATCH * HEADS * tokens * CONTEXT * HEAD_DIM,
+                     bytes_read=q.nbytes + k.nbytes + v.nbytes, bytes_written=out.nbytes, source="model.py:12"),
+        ]
+    return records + ([HostRecord(0, "dispatch", PHASE_REASON + "end")] if marked else [])
+
+
+def decode_trace(marked: bool = False) -> Trace:
+    allocs = [MemoryRecord(0, "alloc", t.storage, t.nbytes) for t in (*WEIGHTS, *(c for kv in CACHES for c in kv))]
+    setup = [HostRecord(0, "h2d", "copy", bytes=64, source="model.py:5")]
+    records = [*allocs, *setup, *forward(PROMPT, "prefill" if marked else "")]
+    for _ in range(STEPS):
+        records += forward(1, "decode" if marked else "")
+    return Trace(renumber(records))
+
+
+@pytest.mark.parametrize("marked", [False, True])
+def test_prefill_and_decode_steps_are_found_marked_or_from_the_attention_shapes(marked):
+    phases = find_phases(decode_trace(marked))
+    assert phases is not None and phases.found_by == ("marked" if marked else "detected")
+    assert len(phases.decode) == STEPS and phases.batch == BATCH and phases.prompt_tokens == PROMPT
+    ops_per_forward = 3 * LAYERS
+    for start, end in phases.decode:          # each step one whole forward pass: its ops and nothing else
+        assert sum(1 for r in decode_trace(marked).records if isinstance(r, OpRecord) and start <= r.seq < end) \
+            == ops_per_forward
+    assert phases.prefill is not None and phases.prefill[1] <= phases.decode[0][0]
+
+
+def grown_cache_trace() -> Trace:
+    """generate() with a dynamic cache as it reaches "tpu": attention as matmuls over K/V that a cat grows by one token
+    a step, and the tokens cat'ed at the end of every step (prefill included)."""
+    weight, records, past = _t(100, (DIM, DIM)), [], [None] * (2 * LAYERS)
+    for step in range(STEPS + 1):
+        tokens, length = (PROMPT, 0) if step == 0 else (1, PROMPT + step - 1)
+        fresh = next(_STORAGES)
+        x, y = _t(fresh, (BATCH * tokens, DIM)), _t(fresh + 1, (BATCH * tokens, DIM))
+        records.append(OpRecord(0, "aten::mm", "mxu", "bfloat16", (x, weight), (y,),
+                                flops=2 * BATCH * tokens * DIM * DIM, bytes_read=x.nbytes + weight.nbytes,
+                                bytes_written=y.nbytes, source="model.py:10"))
+        for i in range(2 * LAYERS):                             # K and V of each layer
+            new = _t(next(_STORAGES), (BATCH, HEADS, tokens, HEAD_DIM))
+            if past[i] is not None:
+                grown = _t(next(_STORAGES), (BATCH, HEADS, length + 1, HEAD_DIM))
+                records.append(OpRecord(0, "aten::cat", "vpu", "bfloat16", (past[i], new), (grown,),
+                                        bytes_read=past[i].nbytes + new.nbytes, bytes_written=grown.nbytes,
+                                        source="model.py:11"))
+                new = grown
+            records.append(OpRecord(0, "aten::bmm", "mxu", "bfloat16", (y, new), (x,), flops=2.0,
+                                    bytes_read=new.nbytes, source="model.py:12"))
+            past[i] = new
+        ids = _t(next(_STORAGES), (BATCH, PROMPT + step))
+        records.append(OpRecord(0, "aten::cat", "vpu", "int64", (ids, _t(next(_STORAGES), (BATCH, 1))),
+                                (_t(next(_STORAGES), (BATCH, PROMPT + step + 1)),), source="generate.py:9"))
+    return Trace(renumber(records))
+
+
+def test_a_cache_grown_by_cat_behind_matmul_attention_is_found_by_its_growth():
+    from tpusim.report.inference import footprint
+
+    trace = grown_cache_trace()
+    phases = find_phases(trace)
+    assert phases is not None and phases.found_by == "detected" and len(phases.decode) == STEPS
+    assert phases.prompt_tokens is None and phases.prefill is not None
+    fp = footprint(trace.records, phases)
+    assert fp.kv_bytes_per_token == 2 * LAYERS * HEADS * HEAD_DIM * BF16 and fp.kv_context == PROMPT + STEPS
+    assert not fp.kv_persistent and fp.kv_tensors == 2 * LAYERS and fp.weights_bytes == DIM * DIM * BF16
+
+
+@pytest.fixture(scope="module")
+def inference_report():
+    slice_ = build_slice("3d:1x1x1", "v5p")
+    trace = decode_trace()
+    return build_report(RunInfo("serve.py"), trace, slice_, {"strict": price(trace, topology=slice_, mode="strict")})
+
+
+def test_kv_cache_weights_and_what_fits_follow_the_closed_forms(inference_report):
+    section, chip = inference_report.inference, inference_report.chip
+    per_token = 2 * LAYERS * HEADS * HEAD_DIM * BF16
+    kv = section.kv_cache
+    assert kv.bytes_per_token == per_token and kv.context == CONTEXT and kv.static and kv.tensors == 2 * LAYERS
+    assert kv.bytes == per_token * BATCH * CONTEXT and kv.bytes_per_sequence == per_token * CONTEXT
+    assert section.weights_bytes == LAYERS * DIM * DIM * BF16
+    fits = section.fits
+    assert fits.fits and fits.max_batch_at_context == (chip.hbm_bytes - section.weights_bytes) // (per_token * CONTEXT)
+    assert f"batch {BATCH} at context {CONTEXT} fits" in fits.line
+    assert f"at context {CONTEXT} the largest batch is {fits.max_batch_at_context}" in fits.line
+
+
+def test_ttft_tpot_tokens_per_second_and_the_hbm_bound(inference_report):
+    mode = inference_report.inference.modes["strict"]
+    chip = inference_report.chip
+    assert len(mode.decode_steps_s) == STEPS and mode.ttft_s > 0
+    assert mode.tpot_median_s == pytest.approx(median(mode.decode_steps_s))
+    assert mode.tpot_median_s <= mode.tpot_p90_s <= max(mode.decode_steps_s)
+    assert mode.decode_s == pytest.approx(sum(mode.decode_steps_s), rel=1e-6)
+    assert mode.tokens_per_s_per_chip == pytest.approx(BATCH * STEPS / mode.decode_s, rel=1e-6)
+    weights_and_cache = LAYERS * DIM * DIM * BF16 + 2 * LAYERS * HEADS * HEAD_DIM * BF16 * BATCH * CONTEXT
+    assert mode.roofline_step_s == pytest.approx(weights_and_cache / chip.hbm_bytes_per_s)
+    assert mode.roofline_ratio >= 1 and mode.roofline_ratio == pytest.approx(mode.tpot_median_s / mode.roofline_step_s)
+    assert mode.decode.bound == "HBM" and mode.decode.hbm_utilisation > 0.5       # a matvec over 256 MiB of weights
+    assert mode.verdict.startswith("decode HBM-bound") and "x the HBM roofline" in mode.verdict
+
+
+def test_the_summary_and_page_speak_of_phases_not_missing_steps(inference_report):
+    table = summary_table(inference_report, "out")
+    assert "no steps marked" not in table
+    assert f"prefill and {STEPS} decode steps of batch {BATCH} (detected)" in table.splitlines()[0]
+    for label in ("TTFT (prefill)", f"TPOT median ({STEPS} steps)", "TPOT p90", "tokens/s per chip", "KV cache:",
+                  "fits: batch", "inference (strict): decode HBM-bound"):
+        assert label in table
+    page = render_html(inference_report, {})
+    assert "<h2>Inference</h2>" in page and "TPOT median" in page
+    html5lib.HTMLParser(strict=True).parse(page)          # raises on any parse error
+
+
+def test_a_training_program_has_no_inference_section():
+    slice_ = build_slice("3d:1x1x1", "v5p")
+    trace = training_trace()
+    report = build_report(RunInfo("train.py"), trace, slice_, {"strict": price(trace, topology=slice_)})
+    assert report.inference is None and "TTFT" not in summary_table(report, "out")
+    assert json.loads(json.dumps(report.to_dict()))["inference"] is None
+
+
+def test_the_phase_marker_records_zero_second_dispatches_and_refuses_other_names():
+    import torch
+
+    import tpusim.backend as tb
+
+    with pytest.raises(TpusimError, match="prefill, decode"):
+        with tb.phase("generate"):
+            pass
+    with tb.recording() as rec:
+        with tb.phase("decode"):
+            torch.ones(2, device="tpu").add_(1)
+    marks = [r.reason for r in rec.trace.records if isinstance(r, HostRecord) and r.reason.startswith(PHASE_REASON)]
+    assert marks == ["phase:decode", "phase:end"]
+
+
+@pytest.mark.slow
+def test_a_toy_decode_loop_run_by_tpusim_reports_its_phases(tmp_path):
+    """The product path: a 2-layer model with a static KV cache, 16 prompt tokens, 8 decode steps, nothing marked."""
+    done = subprocess.run([sys.executable, "-m", "tpusim", "run", "--compiler", "model", "--numerics", "off",
+                           "--out", str(tmp_path), str(SCRIPT)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    section = json.loads((tmp_path / "report.json").read_text())["inference"]
+    assert section["phases_from"] == "detected" and section["decode_steps"] == 8
+    assert section["batch"] == 2 and section["prompt_tokens"] == 16
+    assert section["kv_cache"]["bytes_per_token"] == 2 * 2 * 4 * 32 * 4         # layers, kv heads, head dim, f32
+    mode = section["modes"]["strict"]
+    assert mode["tpot_median_s"] > 0 and mode["ttft_s"] > 0
+    assert mode["tokens_per_s_per_chip"] == pytest.approx(2 * 8 / mode["decode_s"], rel=1e-6)
+    assert mode["decode"]["bound"] and mode["verdict"].startswith(f"decode {mode['decode']['bound']}-bound")
+    assert "prefill and 8 decode steps" in done.stdout

@@ -6,6 +6,8 @@ Nothing here imports torch: the runs it makes are plain ``python`` one-liners, s
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -291,3 +293,17 @@ def test_help_teaches_usage(tool, capsys):
 def test_not_a_checkout_is_one_clear_line(tool, tmp_path, capsys):
     assert tool.main(["--checkout", str(tmp_path), "--list"]) == 2
     assert "neither docs/notebooks nor examples/" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("TORCHTPU_CHECKOUT"),
+                    reason="set TORCHTPU_CHECKOUT to a checkout of google-pytorch/torch_tpu (not redistributable here)")
+def test_torchtpus_own_notebook_tests_pass_but_the_documented_departure(tmp_path):
+    """TorchTPU's docs/notebooks/tests run unchanged; the one expected failure is its error glossary's
+    inference_mode crash, which tpusim runs (and lints as compile-inference-mode) instead of crashing."""
+    report = tmp_path / "conformance.json"
+    subprocess.run([sys.executable, str(TOOL), "--checkout", os.environ["TORCHTPU_CHECKOUT"], "--group", "tests",
+                    "--json", str(report), "--log-dir", str(tmp_path / "logs")], check=True, timeout=3600)
+    failed = [t["test"] for r in json.loads(report.read_text())["results"] for t in r.get("test_results", [])
+              if t["outcome"] != "passed"]
+    assert failed == ["tests/test_error_glossary.py::test_inference_mode_crash"], failed

@@ -77,6 +77,8 @@ def _overload(name: str, args: tuple, key: str) -> torch._ops.OpOverload:
     for overload in names:
         op = getattr(packet, overload)
         positional, keywords = _split(op, args)
+        if _int_for_enum(op, positional, keywords):
+            continue
         try:
             out = op(*_on_meta(positional), **_on_meta(keywords))
         except Exception:  # not this overload's arguments
@@ -85,6 +87,18 @@ def _overload(name: str, args: tuple, key: str) -> torch._ops.OpOverload:
         if signature(name, [t for t in _flat(args) if isinstance(t, torch.Tensor)], results) == key:
             return op
     raise ValueError(f"no overload of {name} takes the recorded arguments")
+
+
+_ENUMS = ("ScalarType", "Layout", "MemoryFormat")   # the shim hands these as torch.dtype, layout, memory_format
+
+
+def _int_for_enum(op: torch._ops.OpOverload, positional: tuple, keywords: dict) -> bool:
+    """Whether a plain int would land on a dtype, layout or memory-format parameter: it is another overload's
+    argument (arange's ``end`` read as arange.default's ``dtype``), and torch reads an enum that large out of
+    bounds: a segfault, not an exception to catch."""
+    given = {**dict(zip((a.name for a in op._schema.arguments), positional)), **keywords}
+    return any(isinstance(given.get(a.name), int) and not isinstance(given.get(a.name), bool)
+               and any(enum in str(a.real_type) for enum in _ENUMS) for a in op._schema.arguments)
 
 
 def _flat(value: object) -> list:

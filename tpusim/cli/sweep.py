@@ -188,7 +188,7 @@ def _out(args: argparse.Namespace, name: str) -> Path:
 def _summary(table, out: Path, wall: float) -> int:
     """The counts, the Pareto front (one per combination of script arguments), the failures; the exit code."""
     from tpusim.sweep.pareto import pareto_front
-    from tpusim.sweep.write import idle_note, script_columns_of
+    from tpusim.sweep.write import idle_note, script_columns_of, serving_front_lines
     from tpusim.units import format_seconds
 
     counts = table["status"].value_counts().to_dict()
@@ -211,6 +211,8 @@ def _summary(table, out: Path, wall: float) -> int:
             print(f"  {given.ljust(width) + '  ' if given else ''}{row['chips']:>7} chips{used}  "
                   f"{format_seconds(row['step_time_s']):>9}  {row['chip']} {row['topology']}{slices} "
                   f"{row['mode']} {row['placement']}")
+    for line in serving_front_lines(table):         # inference programs: throughput against time per token
+        print(line)
     for row in table[table["status"] == "failed"].to_dict("records"):
         given = "".join(f" {name}={row[name]}" for name in script)
         print(f"failed: {row['chip']} {row['topology']} x{row['slices']} {row['mode']} {row['placement']}{given}: "

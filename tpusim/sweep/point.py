@@ -16,9 +16,9 @@ from tpusim.sweep.grid import DEFAULT_PLACEMENT, Point
 from tpusim.trace.records import Trace
 
 COLUMNS = ("chip", "calibrated", "topology", "slices", "mode", "placement", "chips", "chips_used", "status",
-           "step_time_s", "total_s", "mfu", "tflops_per_s_per_chip", "tokens_per_s_per_chip", "hbm_peak_bytes",
-           "hbm_peak_fraction", "collective_exposed_s", "host_stall_s", "kernels", "bound", "price_wall_s", "worker",
-           "error")
+           "step_time_s", "total_s", "mfu", "tflops_per_s_per_chip", "tokens_per_s_per_chip", "ttft_s",
+           "tpot_median_s", "hbm_peak_bytes", "hbm_peak_fraction", "collective_exposed_s", "host_stall_s", "kernels",
+           "bound", "price_wall_s", "worker", "error")
 
 
 def point_slice(point: Point):
@@ -30,11 +30,14 @@ def point_slice(point: Point):
 
 def price_point(trace: Trace, point: Point, tokens_per_step: int | None = None) -> dict[str, Any]:
     """One row: the point, then its headline numbers (report.json's per-mode section, the same numbers
-    ``tpusim run`` reports), or ``status`` "invalid" with the reason."""
+    ``tpusim run`` reports), or ``status`` "invalid" with the reason. An inference program (decode steps, no
+    training steps) also gets its time to first token and median time per output token, and its decode
+    tokens/s per chip (report.json's ``inference``)."""
     from tpusim.placement import apply_placement
     from tpusim.pricing import price
+    from tpusim.report.inference import inference_section
     from tpusim.report.lint import uses_one_chip
-    from tpusim.report.model import mode_report
+    from tpusim.report.model import device_split, mode_report
 
     began = time.perf_counter()
     row: dict[str, Any] = {"chip": point.chip, "calibrated": point.calibrated, "topology": point.topology,
@@ -47,12 +50,15 @@ def price_point(trace: Trace, point: Point, tokens_per_step: int | None = None) 
         placed = apply_placement(trace, slice_, None if point.placement == DEFAULT_PLACEMENT else point.placement)
         timeline = price(placed, topology=slice_, mode=point.mode)
         entry = mode_report(timeline, placed, slice_, tokens_per_step)
+        serving = inference_section(placed, {point.mode: timeline}, slice_.chip, slice_.total_chips, device_split)
     except TpusimError as error:
         return {**row, "status": "invalid", "error": str(error), "price_wall_s": time.perf_counter() - began}
     head = entry["headline"]
+    decode = (serving or {}).get("modes", {}).get(point.mode) or {}
     return {**row, "status": "ok", "step_time_s": entry["step_time_median_s"], "total_s": entry["total_s"],
             "mfu": entry["mfu"], "tflops_per_s_per_chip": head.get("tflops_per_s_per_chip"),
-            "tokens_per_s_per_chip": head.get("tokens_per_s_per_chip"),
+            "tokens_per_s_per_chip": decode.get("tokens_per_s_per_chip", head.get("tokens_per_s_per_chip")),
+            "ttft_s": decode.get("ttft_s"), "tpot_median_s": decode.get("tpot_median_s"),
             "hbm_peak_bytes": entry["hbm"]["peak_bytes"], "hbm_peak_fraction": entry["hbm"]["peak_fraction"],
             "collective_exposed_s": entry["device_s"]["collective_exposed"], "host_stall_s": entry["host_s"]["stall"],
             "kernels": entry["kernels"], "bound": head.get("bound"), "price_wall_s": time.perf_counter() - began,

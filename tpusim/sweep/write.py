@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from tpusim.output import atomic_open, write_atomic
-from tpusim.sweep.pareto import pareto_flags
+from tpusim.sweep.pareto import pareto_flags, serving_flags, serving_front
 from tpusim.sweep.point import COLUMNS
+from tpusim.units import format_seconds
 
 
 def sweep_table(rows: list[dict[str, Any]], script_columns: tuple[str, ...] = ()) -> Any:
@@ -20,7 +21,9 @@ def sweep_table(rows: list[dict[str, Any]], script_columns: tuple[str, ...] = ()
     ``recording`` each was priced against), sorted by chip, topology, slices, mode, placement, script
     arguments, with ``pareto``: on the front of step time vs chips used among rows of the same script arguments
     (a bigger batch is another workload, not a slower configuration; a one-chip script's bigger slice is no
-    faster, its other chips idle)."""
+    faster, its other chips idle), and ``serving_pareto`` for inference programs: on the front of tokens/s per
+    chip vs time per output token among rows of the same chip and slice (here batch and context are the knobs
+    a server turns, so they are points of one front)."""
     import pandas as pd
 
     at = COLUMNS.index("placement") + 1
@@ -37,9 +40,16 @@ def sweep_table(rows: list[dict[str, Any]], script_columns: tuple[str, ...] = ()
         part = table.loc[index]
         ok = part["status"] == "ok"
         chips = [int(c) if k else None for c, k in zip(part["chips_used"], ok)]
-        steps = [float(s) if k else None for s, k in zip(part["step_time_s"], ok)]
+        steps = [float(s) if k and pd.notna(s) else None for s, k in zip(part["step_time_s"], ok)]   # None: no steps
         table.loc[index, "pareto"] = pareto_flags(chips, steps)
     table["pareto"] = table["pareto"].astype(bool)
+    table["serving_pareto"] = False
+    for _, part in table.groupby(["chip", "calibrated", "topology", "slices"], sort=False, dropna=False):
+        ok = part["status"] == "ok"
+        tpot = [float(t) if k and pd.notna(t) else None for t, k in zip(part["tpot_median_s"], ok)]
+        rate = [float(r) if k and pd.notna(r) else None for r, k in zip(part["tokens_per_s_per_chip"], ok)]
+        table.loc[part.index, "serving_pareto"] = serving_flags(tpot, rate)
+    table["serving_pareto"] = table["serving_pareto"].astype(bool)
     return table
 
 
@@ -110,7 +120,8 @@ def _by_argument_sections(table: Any) -> list[str]:
     parts = []
     for argument in script_columns_of(table):
         for metric, label in (("step_time_s", "step time (s)"), ("hbm_peak_bytes", "HBM peak (bytes)"),
-                              ("tokens_per_s_per_chip", "tokens/s per chip")):
+                              ("tokens_per_s_per_chip", "tokens/s per chip"),
+                              ("tpot_median_s", "TPOT median (s)")):
             if table.loc[table["status"] == "ok", metric].notna().any():
                 title = label.split(" (")[0]
                 parts += [f"<h2>{html.escape(title[0].upper() + title[1:])} against {html.escape(argument)}</h2>",
@@ -129,6 +140,35 @@ def idle_note(table: Any) -> str | None:
             "the Pareto front counts the chips used")
 
 
+SERVING_COLUMNS = ("tpot_median_s", "ttft_s", "tokens_per_s_per_chip")
+
+
+def serving_front_lines(table: Any) -> list[str]:
+    """The terminal's serving front: per chip and slice, the points no other beats on both tokens/s per chip
+    and time per output token (empty for a sweep of training scripts)."""
+    front = serving_front(table)
+    if front.empty:
+        return []
+    script = script_columns_of(table)
+    lines = ["Serving Pareto front (tokens/s per chip vs TPOT, per chip and slice"
+             + (f"; over {', '.join(script)}" if script else "") + "):"]
+    rows = front.to_dict("records")
+    places = [f"{row['chip']} {row['topology']}" + (f" x{row['slices']}" if row["slices"] > 1 else "") for row in rows]
+    givens = [" ".join(f"{name}={row[name]}" for name in script) for row in rows]
+    place_width, width = max(map(len, places)), max(map(len, givens))
+    for row, place, given in zip(rows, places, givens):
+        ttft = format_seconds(row["ttft_s"]) if _number(row["ttft_s"]) else "-"
+        lines.append(f"  {place.ljust(place_width)}  {given.ljust(width)}  TPOT "
+                     f"{format_seconds(row['tpot_median_s']):>9}  TTFT {ttft:>9}  "
+                     f"{row['tokens_per_s_per_chip']:>10,.0f} tokens/s per chip  {row['mode']} {row['placement']}")
+    return lines
+
+
+def _number(value: Any) -> bool:
+    """Whether a table cell holds a number (not None, not NaN)."""
+    return value is not None and value == value
+
+
 def _html_table(frame: Any) -> str:
     return frame.to_html(index=False, na_rep="-", float_format=lambda v: f"{v:.4g}", border=0)
 
@@ -144,18 +184,25 @@ def sweep_html(table: Any, title: str) -> str:
              f"failed.</p>"]
     if note := idle_note(table):
         parts.append(f"<p><b>Note:</b> {html.escape(note)}.</p>")
-    if (table["status"] == "ok").any():
+    stepped = table.loc[table["status"] == "ok", "step_time_s"].notna().any()     # steps marked (not a decode loop)
+    if stepped:
         parts += ["<h2>Step time against chips</h2>",
                   f"<img alt='step time vs chips' src='data:image/png;base64,"
                   f"{_figure_png(table, 'step_time_s', 'step time (s)')}'>",
                   "<h2>MFU against chips</h2>",
-                  f"<img alt='MFU vs chips' src='data:image/png;base64,{_figure_png(table, 'mfu', 'MFU')}'>",
-                  *_by_argument_sections(table),
-                  "<h2>Pareto front (step time vs chips)</h2>", _html_table(
+                  f"<img alt='MFU vs chips' src='data:image/png;base64,{_figure_png(table, 'mfu', 'MFU')}'>"]
+    if (table["status"] == "ok").any():
+        parts += _by_argument_sections(table)
+    if stepped:
+        parts += ["<h2>Pareto front (step time vs chips)</h2>", _html_table(
                       table[table["pareto"]].sort_values([*script_columns_of(table), "chips"])[
                           ["chip", "topology", "slices", *script_columns_of(table), "chips", "mode", "placement",
                            "step_time_s", "mfu"]]),
                   "<h2>Best mode and placement per topology</h2>", _html_table(best_placements(table))]
+    if not (front := serving_front(table)).empty:
+        parts += ["<h2>Serving Pareto front (tokens/s per chip vs time per output token, per chip and slice)</h2>",
+                  _html_table(front[["chip", "topology", "slices", *script_columns_of(table), "mode", "placement",
+                                     *SERVING_COLUMNS]])]
     if not failed.empty:
         parts += ["<h2>Points not priced</h2>",
                   _html_table(failed[["chip", "topology", "slices", "mode", "placement", *script_columns_of(table),

@@ -391,9 +391,9 @@ def mode_section(timeline: Timeline, trace: Trace, chip: ChipSpec, phases: Phase
     decode_s = previous - start
     tpot = median(steps_s)
     p90 = quantiles(steps_s, n=10, method="inclusive")[-1] if len(steps_s) > 1 else tpot
-    tokens = phases.batch * len(steps_s)
     shared = any(isinstance(r, CollectiveRecord) for r in trace.records)
-    per_replica = tokens / decode_s if decode_s else None
+    steady = steps_s[1:] if len(steps_s) > 1 else steps_s      # the first step compiles what decode runs
+    per_replica = phases.batch * len(steady) / sum(steady) if sum(steady) else None
     roofline = (fp.weights_bytes + fp.kv_bytes) / chip.hbm_bytes_per_s
     warm = start + steps_s[0] if len(steps_s) > 1 else start     # the first step compiles what decode runs: warm-up
     decode = {**_phase(timeline, trace, chip, warm, previous, max(1, len(steps_s) - 1), tpot, world_size,

@@ -13,7 +13,16 @@ import time
 from pathlib import Path
 
 from tpusim.hardware.spec import ChipSpec, load_chip
-from tpusim.trace.records import HostRecord, MemoryRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
+from tpusim.trace.records import (
+    PHASE_REASON,
+    HostRecord,
+    MemoryRecord,
+    OpRecord,
+    StepMarker,
+    TensorMeta,
+    Trace,
+    renumber,
+)
 
 # A user's script: three SGD steps of one matmul on "tpu" (tpusim check's and the pytest plugin's tests run it)
 TRAINING_SCRIPT = """\
@@ -52,6 +61,45 @@ def tensor(storage: int, n: int = N, dtype: str = "float32", shape: tuple[int, .
 A = TensorMeta(1, (64, 128), "bfloat16", 64 * 128 * 2, 1)
 B = TensorMeta(2, (128, 64), "bfloat16", 128 * 64 * 2, 2)
 C = TensorMeta(3, (64, 64), "bfloat16", 64 * 64 * 2, 3)
+
+
+SDPA_OVERRIDEABLE = "aten::_scaled_dot_product_fused_attention_overrideable"
+
+
+def decode_trace(*, layers: int, batch: int, heads: int, head_dim: int, dim: int, context: int, prompt: int,
+                 steps: int, marked: bool = True) -> Trace:
+    """An inference program: a prefill of ``prompt`` tokens, then ``steps`` decode steps of one token, each phase
+    marked (``tpusim.backend.phase``) or not; per layer a projection over its bf16 weight, a write into a static KV
+    cache (the same storages every step) and attention over the whole cache."""
+    def bf16(storage: int, shape: tuple[int, ...]) -> TensorMeta:
+        return tensor(storage, dtype="bfloat16", shape=shape)
+
+    weights = [bf16(100 + layer, (dim, dim)) for layer in range(layers)]
+    cache = (batch, heads, context, head_dim)
+    caches = [(bf16(200 + 2 * layer, cache), bf16(201 + 2 * layer, cache)) for layer in range(layers)]
+    held = (*weights, *(c for kv in caches for c in kv))
+    records: list = [MemoryRecord(0, "alloc", t.storage, t.nbytes) for t in held]
+    records.append(HostRecord(0, "h2d", "copy", bytes=64, source="model.py:5"))
+    for fresh, (phase, tokens) in enumerate([("prefill", prompt), *[("decode", 1)] * steps]):
+        x, y = bf16(1000 + 4 * fresh, (batch * tokens, dim)), bf16(1001 + 4 * fresh, (batch * tokens, dim))
+        q = bf16(1002 + 4 * fresh, (batch, heads, tokens, head_dim))
+        out = bf16(1003 + 4 * fresh, (batch, heads, tokens, head_dim))
+        if marked:
+            records.append(HostRecord(0, "dispatch", PHASE_REASON + phase))
+        for weight, (k, v) in zip(weights, caches, strict=True):
+            records += [
+                OpRecord(0, "aten::mm", "mxu", "bfloat16", (x, weight), (y,), flops=2 * batch * tokens * dim * dim,
+                         bytes_read=x.nbytes + weight.nbytes, bytes_written=y.nbytes,
+                         matmul=(1, batch * tokens, dim, dim), source="model.py:10"),
+                OpRecord(0, "aten::index_copy_", "vpu", "bfloat16", (k, q), (k,), bytes_read=q.nbytes,
+                         bytes_written=q.nbytes, source="model.py:11"),
+                OpRecord(0, SDPA_OVERRIDEABLE, "mxu", "bfloat16", (q, k, v), (out,),
+                         flops=4 * batch * heads * tokens * context * head_dim,
+                         bytes_read=q.nbytes + k.nbytes + v.nbytes, bytes_written=out.nbytes, source="model.py:12"),
+            ]
+        if marked:
+            records.append(HostRecord(0, "dispatch", PHASE_REASON + "end"))
+    return Trace(renumber(records))
 
 
 def training_trace(steps: int = 3) -> Trace:

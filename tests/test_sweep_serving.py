@@ -8,8 +8,7 @@ by point (no other point on the same chip and slice is at least as fast per toke
 
 from __future__ import annotations
 
-import math
-
+import factories
 import pytest
 from factories import training_trace
 
@@ -20,43 +19,15 @@ from tpusim.sweep.grid import Point
 from tpusim.sweep.pareto import serving_flags
 from tpusim.sweep.point import price_point
 from tpusim.sweep.write import serving_front_lines, sweep_html, sweep_table
-from tpusim.trace.records import PHASE_REASON, HostRecord, MemoryRecord, OpRecord, TensorMeta, Trace, renumber
+from tpusim.trace.records import Trace
 
 LAYERS, HEADS, HEAD_DIM, DIM, PROMPT, CONTEXT, STEPS = 2, 8, 128, 4096, 64, 256, 6
-ATTENTION = "aten::_scaled_dot_product_fused_attention_overrideable"
-
-
-def _t(storage: int, shape: tuple[int, ...]) -> TensorMeta:
-    return TensorMeta(storage, shape, "bfloat16", math.prod(shape) * 2, storage)
 
 
 def decode_trace(batch: int) -> Trace:
-    """A marked prefill, then STEPS decode steps; per layer a projection over the weights and attention over a
-    static KV cache (the same storages every step)."""
-    weights = [_t(10 + layer, (DIM, DIM)) for layer in range(LAYERS)]
-    cache = (batch, HEADS, CONTEXT, HEAD_DIM)
-    caches = [(_t(20 + 2 * layer, cache), _t(21 + 2 * layer, cache)) for layer in range(LAYERS)]
-    held = (*weights, *(c for kv in caches for c in kv))
-    records: list = [MemoryRecord(0, "alloc", t.storage, t.nbytes) for t in held]
-    fresh = 1000
-    for phase, tokens in [("prefill", PROMPT), *[("decode", 1)] * STEPS]:
-        fresh += 4
-        x, y = _t(fresh, (batch * tokens, DIM)), _t(fresh + 1, (batch * tokens, DIM))
-        q, out = _t(fresh + 2, (batch, HEADS, tokens, HEAD_DIM)), _t(fresh + 3, (batch, HEADS, tokens, HEAD_DIM))
-        records.append(HostRecord(0, "dispatch", PHASE_REASON + phase))
-        for weight, (k, v) in zip(weights, caches):
-            records += [
-                OpRecord(0, "aten::mm", "mxu", "bfloat16", (x, weight), (y,), flops=2 * batch * tokens * DIM * DIM,
-                         bytes_read=x.nbytes + weight.nbytes, bytes_written=y.nbytes,
-                         matmul=(1, batch * tokens, DIM, DIM), source="serve.py:10"),
-                OpRecord(0, "aten::index_copy_", "vpu", "bfloat16", (k, q), (k,), bytes_read=q.nbytes,
-                         bytes_written=q.nbytes, source="serve.py:11"),
-                OpRecord(0, ATTENTION, "mxu", "bfloat16", (q, k, v), (out,),
-                         flops=4 * batch * HEADS * tokens * CONTEXT * HEAD_DIM,
-                         bytes_read=q.nbytes + k.nbytes + v.nbytes, bytes_written=out.nbytes, source="serve.py:12"),
-            ]
-        records.append(HostRecord(0, "dispatch", PHASE_REASON + "end"))
-    return Trace(renumber(records))
+    """A marked prefill, then STEPS decode steps over a static KV cache."""
+    return factories.decode_trace(layers=LAYERS, batch=batch, heads=HEADS, head_dim=HEAD_DIM, dim=DIM,
+                                  context=CONTEXT, prompt=PROMPT, steps=STEPS)
 
 
 def test_serving_front_by_definition() -> None:

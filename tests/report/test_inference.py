@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from statistics import median
 
+import factories
 import html5lib
 import pytest
 from factories import training_trace
@@ -20,11 +21,10 @@ from tpusim.report import RunInfo, build_report, summary_table
 from tpusim.report.html import render_html
 from tpusim.report.inference import find_phases
 from tpusim.slice.topology import build_slice
-from tpusim.trace.records import PHASE_REASON, HostRecord, MemoryRecord, OpRecord, TensorMeta, Trace, renumber
+from tpusim.trace.records import PHASE_REASON, HostRecord, OpRecord, TensorMeta, Trace, renumber
 
 LAYERS, BATCH, HEADS, HEAD_DIM, CONTEXT, PROMPT, STEPS, DIM = 2, 4, 8, 128, 512, 16, 8, 8192
 BF16 = 2
-ATTENTION = "aten::_scaled_dot_product_fused_attention_overrideable"
 SCRIPT = Path(__file__).parent / "scripts" / "decode_loop.py"
 _STORAGES = itertools.count(1000, 4)
 
@@ -33,39 +33,10 @@ def _t(storage: int, shape: tuple[int, ...]) -> TensorMeta:
     return TensorMeta(storage, shape, "bfloat16", math.prod(shape) * BF16, storage)
 
 
-WEIGHTS = [_t(100 + layer, (DIM, DIM)) for layer in range(LAYERS)]
-CACHE_SHAPE = (BATCH, HEADS, CONTEXT, HEAD_DIM)
-CACHES = [(_t(200 + 2 * layer, CACHE_SHAPE), _t(201 + 2 * layer, CACHE_SHAPE)) for layer in range(LAYERS)]
-
-
-def forward(tokens: int, marked: str = "") -> list:
-    """One forward pass of ``tokens`` per sequence: per layer a projection (reads the weight), the cache write, the
-    attention over the whole static cache."""
-    fresh = next(_STORAGES)                  # activations: new storages every pass
-    x, y = _t(fresh, (BATCH * tokens, DIM)), _t(fresh + 1, (BATCH * tokens, DIM))
-    q, out = _t(fresh + 2, (BATCH, HEADS, tokens, HEAD_DIM)), _t(fresh + 3, (BATCH, HEADS, tokens, HEAD_DIM))
-    records = [HostRecord(0, "dispatch", PHASE_REASON + marked)] if marked else []
-    for weight, (k, v) in zip(WEIGHTS, CACHES):
-        records += [
-            OpRecord(0, "aten::mm", "mxu", "bfloat16", (x, weight), (y,), flops=2 * BATCH * tokens * DIM * DIM,
-                     bytes_read=x.nbytes + weight.nbytes, bytes_written=y.nbytes,
-                     matmul=(1, BATCH * tokens, DIM, DIM), source="model.py:10"),
-            OpRecord(0, "aten::index_copy_", "vpu", "bfloat16", (k, q), (k,), bytes_read=q.nbytes,
-                     bytes_written=q.nbytes, source="model.py:11"),
-            OpRecord(0, ATTENTION, "mxu", "bfloat16", (q, k, v), (out,),
-                     flops=4 * BATCH * HEADS * tokens * CONTEXT * HEAD_DIM,
-                     bytes_read=q.nbytes + k.nbytes + v.nbytes, bytes_written=out.nbytes, source="model.py:12"),
-        ]
-    return records + ([HostRecord(0, "dispatch", PHASE_REASON + "end")] if marked else [])
-
-
 def decode_trace(marked: bool = False) -> Trace:
-    allocs = [MemoryRecord(0, "alloc", t.storage, t.nbytes) for t in (*WEIGHTS, *(c for kv in CACHES for c in kv))]
-    setup = [HostRecord(0, "h2d", "copy", bytes=64, source="model.py:5")]
-    records = [*allocs, *setup, *forward(PROMPT, "prefill" if marked else "")]
-    for _ in range(STEPS):
-        records += forward(1, "decode" if marked else "")
-    return Trace(renumber(records))
+    """A prefill of PROMPT tokens, then STEPS decode steps over a static bf16 KV cache of CONTEXT tokens."""
+    return factories.decode_trace(layers=LAYERS, batch=BATCH, heads=HEADS, head_dim=HEAD_DIM, dim=DIM,
+                                  context=CONTEXT, prompt=PROMPT, steps=STEPS, marked=marked)
 
 
 @pytest.mark.parametrize("marked", [False, True])

@@ -89,9 +89,9 @@ def decode_recompiles(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -
     """A decode loop under Fused eager (see the module docstring): its steps and the cluster signatures each
     step compiles anew."""
     records = next(iter(rank_records(trace).values()), ())
-    if not records or not uses_fused(trace, timeline) or _has_backward(records):
+    if not records or not uses_fused(trace, timeline) or has_backward(records):
         return []
-    growing = _growing_op(records)
+    growing = growing_op(records)
     if growing is None:
         return []
     starts, op, dim = growing
@@ -110,12 +110,12 @@ def decode_recompiles(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -
              f"cache, e.g. generate(..., cache_implementation=\"static\")): one program for every step", op.source)]
 
 
-def _has_backward(records: Sequence[Record]) -> bool:
+def has_backward(records: Sequence[Record]) -> bool:
     return any((isinstance(r, HostRecord) and r.reason == BACKWARD_REASON)
                or (isinstance(r, OpRecord) and "backward" in r.op) for r in records)
 
 
-def _growing_op(records: Sequence[Record]) -> tuple[list[int], OpRecord, int] | None:
+def growing_op(records: Sequence[Record]) -> tuple[list[int], OpRecord, int] | None:
     """The attention or concatenation call (op and line) whose first input grows by one along one dim from one
     decode step to the next, ``DECODE_MIN_STEPS`` steps in a row or more: the seq each of those steps starts at,
     the op, the dim."""

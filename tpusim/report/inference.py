@@ -11,7 +11,7 @@ the run of calls with query length > 1 just before the first such call is the pr
 layers, so each ``layers`` calls of query length 1 are one decode step (a static KV cache: the same K/V storages
 every step; a growing one: new ones). A decode loop without an attention op (attention written as matmuls, as
 transformers' SDPA reaches "tpu" today) is found by the growing shapes fused_lint's ``decode_recompiles`` finds
-(``_growing_op``: a ``cat`` growing by one each step: generate()'s tokens, or a dynamic KV cache).
+(``growing_op``: a ``cat`` growing by one each step: generate()'s tokens, or a dynamic KV cache).
 The prefill starts at its first op that reads a weight (the embedding); a detected step as many ops before its first
 attention call as the prefill ran before its own (the embedding, projections, cache writes); the last step is as
 long, in records, as the one before, when it runs as many ops.
@@ -43,7 +43,7 @@ from typing import Any
 from tpusim.hardware.spec import ChipSpec
 from tpusim.pricing.plan import rank_records
 from tpusim.pricing.timeline import Timeline
-from tpusim.report.fused_lint import _growing_op, _has_backward
+from tpusim.report.fused_lint import growing_op, has_backward
 from tpusim.report.headline import headline
 from tpusim.report.steps import Steps
 from tpusim.report.text import seconds_text
@@ -124,7 +124,7 @@ def _is_attention(rec: Record) -> bool:
 
 
 def _detected(records: Sequence[Record]) -> Phases | None:
-    if _has_backward(records):
+    if has_backward(records):
         return None
     calls = [r for r in records if _is_attention(r)]
     first_decode = next((i for i, r in enumerate(calls) if r.inputs[0].shape[-2] == 1), None)
@@ -177,7 +177,7 @@ def _layers_by_storage(calls: Sequence[OpRecord]) -> int:
 
 
 def _detected_by_growth(records: Sequence[Record], end: int) -> Phases | None:
-    growing = _growing_op(records)
+    growing = growing_op(records)
     if growing is None:
         return None
     starts, op, dim = growing

@@ -111,6 +111,7 @@ def decode_recompiles(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -
 
 
 def has_backward(records: Sequence[Record]) -> bool:
+    """Whether a backward ran: a decode loop never runs one, a training step always does."""
     return any((isinstance(r, HostRecord) and r.reason == BACKWARD_REASON)
                or (isinstance(r, OpRecord) and "backward" in r.op) for r in records)
 

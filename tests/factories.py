@@ -15,6 +15,7 @@ from pathlib import Path
 from tpusim.hardware.spec import ChipSpec, load_chip
 from tpusim.trace.records import (
     PHASE_REASON,
+    CollectiveRecord,
     HostRecord,
     MemoryRecord,
     OpRecord,
@@ -67,10 +68,11 @@ SDPA_OVERRIDEABLE = "aten::_scaled_dot_product_fused_attention_overrideable"
 
 
 def decode_trace(*, layers: int, batch: int, heads: int, head_dim: int, dim: int, context: int, prompt: int,
-                 steps: int, marked: bool = True) -> Trace:
+                 steps: int, marked: bool = True, tp: int = 0) -> Trace:
     """An inference program: a prefill of ``prompt`` tokens, then ``steps`` decode steps of one token, each phase
     marked (``tpusim.backend.phase``) or not; per layer a projection over its bf16 weight, a write into a static KV
-    cache (the same storages every step) and attention over the whole cache."""
+    cache (the same storages every step) and attention over the whole cache; with ``tp`` > 1 ranks (tensor-parallel
+    decode, as Megatron's row-parallel projection) the projection's output is all-reduced over ranks 0..tp-1."""
     def bf16(storage: int, shape: tuple[int, ...]) -> TensorMeta:
         return tensor(storage, dtype="bfloat16", shape=shape)
 
@@ -91,6 +93,8 @@ def decode_trace(*, layers: int, batch: int, heads: int, head_dim: int, dim: int
                 OpRecord(0, "aten::mm", "mxu", "bfloat16", (x, weight), (y,), flops=2 * batch * tokens * dim * dim,
                          bytes_read=x.nbytes + weight.nbytes, bytes_written=y.nbytes,
                          matmul=(1, batch * tokens, dim, dim), source="model.py:10"),
+                *([CollectiveRecord(0, "all_reduce", y.nbytes, tuple(range(tp)), (y,), (y,), reduce_op="sum",
+                                    dtype="bfloat16", source="model.py:10")] if tp > 1 else []),
                 OpRecord(0, "aten::index_copy_", "vpu", "bfloat16", (k, q), (k,), bytes_read=q.nbytes,
                          bytes_written=q.nbytes, source="model.py:11"),
                 OpRecord(0, SDPA_OVERRIDEABLE, "mxu", "bfloat16", (q, k, v), (out,),
@@ -99,7 +103,7 @@ def decode_trace(*, layers: int, batch: int, heads: int, head_dim: int, dim: int
             ]
         if marked:
             records.append(HostRecord(0, "dispatch", PHASE_REASON + "end"))
-    return Trace(renumber(records))
+    return Trace(renumber(records), world_size=max(1, tp))
 
 
 def training_trace(steps: int = 3) -> Trace:

@@ -16,6 +16,7 @@ import pytest
 from factories import training_trace
 
 from tpusim.errors import TpusimError
+from tpusim.hardware.spec import load_chip
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, summary_table
 from tpusim.report.html import render_html
@@ -177,3 +178,50 @@ def test_a_toy_decode_loop_run_by_tpusim_reports_its_phases(tmp_path):
     assert mode["tokens_per_s_per_chip"] == pytest.approx(2 * 7 / sum(mode["decode_steps_s"][1:]), rel=1e-6)
     assert mode["decode"]["bound"] and mode["verdict"].startswith(f"decode {mode['decode']['bound']}-bound")
     assert "prefill and 8 decode steps" in done.stdout
+
+
+def _tensor_parallel(dim: int):
+    """The decode loop, each layer's projection all-reduced (batch x dim bf16) over the 4 chips of 2d:2x2 v6e."""
+    trace = factories.decode_trace(layers=LAYERS, batch=BATCH, heads=HEADS, head_dim=HEAD_DIM, dim=dim,
+                                   context=CONTEXT, prompt=PROMPT, steps=STEPS, marked=True, tp=4)
+    slice_ = build_slice("2d:2x2", "v6e")
+    timeline = price(trace, topology=slice_, mode="strict")
+    report = build_report(RunInfo("serve.py"), trace, slice_, {"strict": timeline})
+    return report, timeline, find_phases(trace)
+
+
+@pytest.mark.parametrize("dim", [64, 262144])
+def test_tensor_parallel_decode_shows_its_exposed_collectives_and_their_latency_share(dim):
+    report, timeline, phases = _tensor_parallel(dim)
+    mode = report.inference.modes["strict"]
+    chip = timeline.chips_simulated[0]
+    # independent of the report: step ends from the device events, the steady steps (after the first) exposed waits
+    ends = [max(e.end_s for e in timeline.events if e.chip == chip and a <= e.seq < b and e.kind != "host")
+            for a, b in phases.decode]
+    tpot = median(b - a for a, b in zip(ends, ends[1:]))
+    waits = sum(min(e.end_s, ends[-1]) - max(e.start_s, ends[0]) for e in timeline.events
+                if e.chip == chip and e.kind == "wait" and e.bound == "collective" and e.end_s > ends[0]
+                and e.start_s < ends[-1]) / (STEPS - 1)
+    assert mode.decode_collective_s > 0 and mode.decode_collective_s == pytest.approx(waits)
+    assert mode.decode_collective_share == pytest.approx(waits / tpot, rel=0.05)
+    runs = [c for c in timeline.collectives if c.chip == chip and phases.decode[1][0] <= c.seq]
+    assert len(runs) == LAYERS * (STEPS - 1)
+    # closed form: latency term / (latency + bytes / bandwidth), the DES agreeing with it on an idle network
+    alpha = sum(c.result.latency_s for c in runs)
+    assert mode.decode_collective_latency_share == pytest.approx(alpha / sum(c.result.closed_form_s for c in runs),
+                                                                 rel=0.05)
+    v6e = load_chip("v6e")              # at least the start-up overhead and one hop's latency
+    assert all(c.result.latency_s >= (v6e.collective_overhead_ns + v6e.ici_hop_latency_ns) * 1e-9 for c in runs)
+    lines = summary_table(report, "out")
+    assert "decode collectives:" in lines
+    if dim == 64:       # 512 B all-reduces: latency-bound
+        assert mode.decode_collective_latency_share > 0.9 and "latency-bound" in lines
+    else:               # 2 MiB: the bytes take most of it
+        assert mode.decode_collective_latency_share < 0.5 and "bandwidth-bound" in lines
+
+
+def test_a_decode_loop_without_collectives_reports_none_for_them(inference_report):
+    mode = inference_report.inference.modes["strict"]
+    assert mode.decode_collective_s is None and mode.decode_collective_share is None
+    assert mode.decode_collective_latency_share is None
+    assert "decode collectives" not in summary_table(inference_report, "out")

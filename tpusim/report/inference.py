@@ -26,7 +26,9 @@ are per chip, as the trace of one rank holds them.
 **Per mode** (each eager mode prices the same phases): a phase's time runs from the end of the device work before it
 to the end of its own (op, collective and wait events whose record falls in it); the bound, MXU and HBM utilisation
 of each phase are the headline's (tpusim/report/headline.py) over its window (decode's: the steps after the first,
-which compiles what the loop runs and is warm-up). Tokens/s: batch x decode steps /
+which compiles what the loop runs and is warm-up). Tensor-parallel decode: the collectives of those steps, exposed
+per step (not hidden under compute), their share of TPOT, and how much of their time is latency (the closed form's
+alpha: start-up + hops x hop latency) rather than bytes / bandwidth. Tokens/s: batch x decode steps /
 decode time for the recorded rank; per slice x chips when no collective ran (every chip a replica), else the same
 tokens shared by the slice's chips.
 """
@@ -401,6 +403,8 @@ def mode_section(timeline: Timeline, trace: Trace, chip: ChipSpec, phases: Phase
     pre = (_phase(timeline, trace, chip, prefill[0], prefill[1], 1, prefill[1] - prefill[0], world_size, device_split)
            if prefill else None)
     ratio = tpot / roofline if roofline else None
+    collectives = _decode_collectives(timeline, phases.decode[1:] or phases.decode, first_chip, warm, previous,
+                                      max(1, len(steps_s) - 1), tpot, device_split)
     line = (f"decode {decode['bound'] or 'idle'}-bound; a token step takes {seconds_text(tpot)}, "
             + (f"{ratio:.3g}x the HBM roofline of reading the weights ({format_bytes(fp.weights_bytes)}) and the KV "
                f"cache ({format_bytes(fp.kv_bytes)}) once at {chip.hbm_bytes_per_s / 1e9:,.0f} GB/s "
@@ -418,7 +422,25 @@ def mode_section(timeline: Timeline, trace: Trace, chip: ChipSpec, phases: Phase
         "prefill": pre,
         "decode": decode,
         "verdict": line,
+        **collectives,
     }
+
+
+def _decode_collectives(timeline: Timeline, spans: Sequence[Span], chip: int, start: float, end: float, count: int,
+                        tpot: float, device_split: DeviceSplit) -> dict[str, Any]:
+    """Tensor-parallel decode's collectives: per token step, the time they keep the chip waiting (exposed: the
+    headline's ``collective_exposed`` over the steady decode window), its share of TPOT, and the share of their time
+    that is the closed form's latency term (start-up + hops x hop latency) rather than bytes / bandwidth: small
+    all-reduces are latency-bound. All None when no collective runs in a decode step."""
+    index = _step_index(spans)
+    runs = [c for c in timeline.collectives if c.chip == chip and index(c.seq) is not None]
+    if not runs:
+        return dict.fromkeys(("decode_collective_s", "decode_collective_share", "decode_collective_latency_share"))
+    exposed = device_split(timeline, start, end, count)["collective_exposed"]
+    took = sum(c.result.time_s for c in runs)
+    latency = sum(min(c.result.latency_s, c.result.time_s) for c in runs)
+    return {"decode_collective_s": exposed, "decode_collective_share": exposed / tpot if tpot else None,
+            "decode_collective_latency_share": latency / took if took else None}
 
 
 def _phase(timeline: Timeline, trace: Trace, chip: ChipSpec, start: float, end: float, count: int, step_s: float,

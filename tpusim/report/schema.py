@@ -462,6 +462,9 @@ class InferenceMode(Part):
     tokens_per_s_per_slice: Num | None
     roofline_step_s: Num                # (weights + KV cache bytes) / HBM bandwidth: a token step's floor
     roofline_ratio: Num | None          # tpot_median_s / roofline_step_s
+    decode_collective_s: Num | None = None    # per decode step: collective time compute does not hide (null: none ran)
+    decode_collective_share: Num | None = None   # decode_collective_s / tpot_median_s
+    decode_collective_latency_share: Num | None = None   # latency term (overhead + hops x hop latency) / their time
     prefill: InferencePhase | None
     decode: InferencePhase
     verdict: str

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tpusim.report.model import incomplete_reason
-from tpusim.report.schema import CompileCache, Headline, InferenceSection, ModeSection, Report, StepsInfo
+from tpusim.report.schema import CompileCache, Headline, InferenceMode, InferenceSection, ModeSection, Report, StepsInfo
 from tpusim.report.text import percent_text, seconds_text, tflops_text
 from tpusim.units import format_bytes
 
@@ -119,7 +119,19 @@ def inference_lines(inference: InferenceSection | None) -> list[str]:
     if inference.fits:
         lines.append(f"fits: {inference.fits.line}")
     lines += [f"inference ({name}): {mode.verdict}" for name, mode in inference.modes.items()]
+    lines += [f"inference ({name}): {line}" for name, mode in inference.modes.items()
+              if (line := _collective_line(mode))]
     return lines
+
+
+def _collective_line(mode: InferenceMode) -> str:
+    """Tensor-parallel decode's collectives: their share of a token step and how much of them is latency."""
+    share, latency = mode.decode_collective_share, mode.decode_collective_latency_share
+    if share is None or latency is None:
+        return ""
+    kind = "latency-bound" if latency >= 0.5 else "bandwidth-bound"
+    return (f"decode collectives: {percent_text(share)} of a token step (exposed), {percent_text(latency)} of their "
+            f"time latency ({kind})")
 
 
 def mode_rows(modes: Modes, names: list[str], partial: bool = False,

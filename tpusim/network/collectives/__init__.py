@@ -141,6 +141,8 @@ class CollectiveResult:
     chunk_bytes: float = DEFAULT_CHUNK_BYTES
     faults: str = ""                # what failed, on a faulted slice (``tpusim.slice.faults.describe``)
     healthy_s: float | None = None  # the same collective alone on the healthy slice (simulate_collective)
+    latency_s: float = 0.0          # the closed form's latency term: start-up overhead + hops x hop latency
+                                    # (alpha; the rest of closed_form_s is bytes / bandwidth)
 
     @property
     def contention_s(self) -> float:
@@ -421,7 +423,8 @@ def collective_process(env: simpy.Environment, network: Network, kind: str, nbyt
     notes = [x for x in (shape, plan.note, *tuning.notes, how) if x]
     return CollectiveResult(kind, req.nbytes, req.group_size, labels, name, reason, elapsed, closed,
                             min(util, 1.0), plan.link_bytes(), "; ".join(notes), tuning.chunk_bytes,
-                            _describe_faults(network.slice))
+                            _describe_faults(network.slice),
+                            latency_s=algorithm_cost(req, name).latency_s + plan.overhead_s)
 
 
 def _describe_faults(slice_: Slice) -> str:

@@ -53,10 +53,13 @@ def toy_chip(**overrides: object) -> ChipSpec:
     return dataclasses.replace(load_chip("v5p"), **{**base, **overrides})
 
 
+ITEM_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "float8_e4m3fn": 1}
+
+
 def tensor(storage: int, n: int = N, dtype: str = "float32", shape: tuple[int, ...] | None = None) -> TensorMeta:
     """A tensor whose id is its storage id: ``n`` elements (1 MB of float32 by default), or ``shape``."""
     shape = shape or (n,)
-    return TensorMeta(storage, shape, dtype, math.prod(shape) * (2 if dtype == "bfloat16" else 4), storage)
+    return TensorMeta(storage, shape, dtype, math.prod(shape) * ITEM_BYTES[dtype], storage)
 
 
 A = TensorMeta(1, (64, 128), "bfloat16", 64 * 128 * 2, 1)
@@ -68,17 +71,19 @@ SDPA_OVERRIDEABLE = "aten::_scaled_dot_product_fused_attention_overrideable"
 
 
 def decode_trace(*, layers: int, batch: int, heads: int, head_dim: int, dim: int, context: int, prompt: int,
-                 steps: int, marked: bool = True, tp: int = 0) -> Trace:
+                 steps: int, marked: bool = True, tp: int = 0, kv_dtype: str = "bfloat16") -> Trace:
     """An inference program: a prefill of ``prompt`` tokens, then ``steps`` decode steps of one token, each phase
     marked (``tpusim.backend.phase``) or not; per layer a projection over its bf16 weight, a write into a static KV
     cache (the same storages every step) and attention over the whole cache; with ``tp`` > 1 ranks (tensor-parallel
-    decode, as Megatron's row-parallel projection) the projection's output is all-reduced over ranks 0..tp-1."""
+    decode, as Megatron's row-parallel projection) the projection's output is all-reduced over ranks 0..tp-1;
+    ``kv_dtype`` is the cache's (int8 or fp8 for a quantised KV cache)."""
     def bf16(storage: int, shape: tuple[int, ...]) -> TensorMeta:
         return tensor(storage, dtype="bfloat16", shape=shape)
 
     weights = [bf16(100 + layer, (dim, dim)) for layer in range(layers)]
     cache = (batch, heads, context, head_dim)
-    caches = [(bf16(200 + 2 * layer, cache), bf16(201 + 2 * layer, cache)) for layer in range(layers)]
+    caches = [tuple(tensor(200 + 2 * layer + i, dtype=kv_dtype, shape=cache) for i in (0, 1))
+              for layer in range(layers)]
     held = (*weights, *(c for kv in caches for c in kv))
     records: list = [MemoryRecord(0, "alloc", t.storage, t.nbytes) for t in held]
     records.append(HostRecord(0, "h2d", "copy", bytes=64, source="model.py:5"))

@@ -99,6 +99,26 @@ def inference_report():
     return build_report(RunInfo("serve.py"), trace, slice_, {"strict": price(trace, topology=slice_, mode="strict")})
 
 
+@pytest.mark.parametrize("kv_dtype, item", [("int8", 1), ("float8_e4m3fn", 1)])
+def test_a_quantised_kv_cache_counts_its_own_bytes_and_fits_twice_the_batch(kv_dtype, item):
+    """An int8 or fp8 KV cache: a byte an element in the closed form, so the largest batch at the context is
+    the bf16 cache's doubled (to within the one sequence floor division drops)."""
+    slice_ = build_slice("3d:1x1x1", "v5p")
+    sections = {}
+    for dtype in ("bfloat16", kv_dtype):
+        trace = factories.decode_trace(layers=LAYERS, batch=BATCH, heads=HEADS, head_dim=HEAD_DIM, dim=DIM,
+                                       context=CONTEXT, prompt=PROMPT, steps=STEPS, kv_dtype=dtype)
+        sections[dtype] = build_report(RunInfo("serve.py"), trace, slice_,
+                                       {"strict": price(trace, topology=slice_, mode="strict")}).inference
+    quantised, full = sections[kv_dtype], sections["bfloat16"]
+    assert quantised.kv_cache.bytes_per_token == 2 * LAYERS * HEADS * HEAD_DIM * item
+    assert quantised.kv_cache.dtype == kv_dtype and quantised.weights_bytes == full.weights_bytes
+    free = slice_.chip.hbm_bytes - full.weights_bytes
+    assert quantised.fits.max_batch_at_context == free // (2 * LAYERS * HEADS * HEAD_DIM * item * CONTEXT)
+    assert quantised.fits.max_batch_at_context in (2 * full.fits.max_batch_at_context,
+                                                   2 * full.fits.max_batch_at_context + 1)
+
+
 def test_kv_cache_weights_and_what_fits_follow_the_closed_forms(inference_report):
     section, chip = inference_report.inference, inference_report.chip
     per_token = 2 * LAYERS * HEADS * HEAD_DIM * BF16

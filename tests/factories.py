@@ -53,13 +53,13 @@ def toy_chip(**overrides: object) -> ChipSpec:
     return dataclasses.replace(load_chip("v5p"), **{**base, **overrides})
 
 
-ITEM_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "float8_e4m3fn": 1}
+ITEM_BYTES = {"bfloat16": 2, "float16": 2, "int8": 1, "float8_e4m3fn": 1}     # any other dtype: 4
 
 
 def tensor(storage: int, n: int = N, dtype: str = "float32", shape: tuple[int, ...] | None = None) -> TensorMeta:
     """A tensor whose id is its storage id: ``n`` elements (1 MB of float32 by default), or ``shape``."""
     shape = shape or (n,)
-    return TensorMeta(storage, shape, dtype, math.prod(shape) * ITEM_BYTES[dtype], storage)
+    return TensorMeta(storage, shape, dtype, math.prod(shape) * ITEM_BYTES.get(dtype, 4), storage)
 
 
 A = TensorMeta(1, (64, 128), "bfloat16", 64 * 128 * 2, 1)

@@ -47,9 +47,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tpusim.backend import fallback
+from tpusim.backend.dispatch_mode import DeviceDispatchMode
 from tpusim.backend.state import STATE
 
 aten = torch.ops.aten
@@ -260,18 +260,12 @@ _IMPLICIT = torch._C.DispatchKey.CompositeImplicitAutograd
 KERNEL_NAMESPACE = "tpu::"          # torch.tpu.ops' kernels (tpusim/backend/torchtpu/ops.py): matmuls inside
 
 
-class ContractionMode(TorchDispatchMode):
+class ContractionMode(DeviceDispatchMode):
     """On host tensors: every contraction in ``RULES`` at ``precision``, the rest as it is."""
 
     def __init__(self, precision: str) -> None:
         super().__init__()
         self.precision = precision
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # torch wraps __torch_dispatch__ in Dynamo's disable, whose first call imports Dynamo (seconds);
-        # nothing is ever compiled inside this mode, which lives only while host kernels run.
-        return False
 
     def __torch_dispatch__(self, func: torch._ops.OpOverload, types: object, args: tuple = (),
                            kwargs: dict | None = None) -> object:

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from types import ModuleType
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from tpusim.backend.dispatch_mode import DeviceDispatchMode
 from tpusim.backend.state import STATE
 
 
@@ -59,7 +59,7 @@ def _shard_slices(spec: object) -> tuple[tuple[int, ...], tuple[slice, ...]]:
     return shape, tuple(slice(o, o + n) for o, n in zip(offset, local, strict=True))
 
 
-class _WholeDraw(TorchDispatchMode):
+class _WholeDraw(DeviceDispatchMode):
     """While DTensor runs one random op on a local shard: run it, then overwrite the shard with its slice of
     the whole draw made from the same generator state."""
 

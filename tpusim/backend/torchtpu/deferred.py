@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 from torch.utils import _pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tpusim.backend import recorder
+from tpusim.backend.dispatch_mode import DeviceDispatchMode
 from tpusim.eager.windows import MAX_CLUSTER_OPS
 
 aten = torch.ops.aten
@@ -139,7 +139,7 @@ def _refs(tree: object) -> list[Ref]:
     return [r for r in _pytree.tree_leaves(tree) if isinstance(r, Ref)]
 
 
-class _Watch(TorchDispatchMode):
+class _Watch(DeviceDispatchMode):
     """Hands each op on the device to the pending graph; off while torch.compile compiles."""
 
     def __init__(self, pending: PendingGraph) -> None:
@@ -149,12 +149,6 @@ class _Watch(TorchDispatchMode):
     @classmethod
     def ignore_compile_internals(cls) -> bool:
         return True
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        """No Dynamo guard around ``__torch_dispatch__`` (importing Dynamo costs seconds; Dynamo never traces
-        tpusim's files anyway: tpusim/backend/compile.py)."""
-        return False
 
     def __torch_dispatch__(self, func: torch._ops.OpOverload, types: object, args: tuple = (),
                            kwargs: dict | None = None) -> object:

@@ -55,9 +55,11 @@ checks them all before it loads the device.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tpusim import envvars
@@ -197,11 +199,11 @@ def _accelerator_type() -> tuple[ChipSpec, int] | None:
     return chip, max(int(cores) // chip.tensorcores_per_chip, 1)
 
 
-def _chip(name: str) -> ChipSpec:
+def _chip(name: str, accelerator: Callable[[], tuple[ChipSpec, int] | None]) -> ChipSpec:
     raw = _raw(name)
     if raw is None:
-        accelerator = _accelerator_type()
-        return default_chip() if accelerator is None else accelerator[0]
+        found = accelerator()
+        return default_chip() if found is None else found[0]
     try:
         return load_chip(raw)
     except TpusimError as err:
@@ -213,12 +215,12 @@ DEVICES_PER_HOST_ENV = "TORCH_TPU_DEVICES_PER_HOST"
 VISIBLE_DEVICES_ENV, VISIBLE_CHIPS_ENV = "TPU_VISIBLE_DEVICES", "TPU_VISIBLE_CHIPS"
 
 
-def _accelerator_host(chip: ChipSpec) -> int | None:
+def _accelerator_host(chip: ChipSpec, accelerator: Callable[[], tuple[ChipSpec, int] | None]) -> int | None:
     """The devices of this host ACCELERATOR_TYPE gives for ``chip``: its slice's chips, at most a host's."""
-    accelerator = _accelerator_type()
-    if accelerator is None:
+    found = accelerator()
+    if found is None:
         return None
-    return min(accelerator[1], chip.chips_per_host) * chip.devices_per_chip
+    return min(found[1], chip.chips_per_host) * chip.devices_per_chip
 
 
 def _topology(name: str, chip: ChipSpec) -> tuple[int, ...] | None:
@@ -279,8 +281,9 @@ def load_config(**given: object) -> DeviceConfig:
         except (ValueError, TypeError, KeyError, AttributeError, TpusimError) as err:
             raise TpusimError(f"{CONFIG_ENV}={serialised[:80]!r}...: not a DeviceConfig ({err}); tpusim sets "
                               f"it for the processes it starts, unset it to use the other TPUSIM_* variables") from None
+    accelerator = functools.cache(_accelerator_type)      # read (and warned about) once, only when needed
     readers = {
-        "chip": lambda: _chip("TPUSIM_CHIP"),
+        "chip": lambda: _chip("TPUSIM_CHIP", accelerator),
         "numerics": lambda: envvars.read("TPUSIM_NUMERICS"),      # the check's own parser (envvars.numerics_word)
         "f64": lambda: _choice("TPUSIM_F64", "warn", F64_POLICIES),
         "device_count": lambda: _count("TPUSIM_DEVICES", 1, MAX_DEVICES, f"a whole number 1..{MAX_DEVICES}"),
@@ -296,7 +299,7 @@ def load_config(**given: object) -> DeviceConfig:
     chip = fields["chip"]
     torch_tpu = {
         "devices_per_host": lambda: _count(DEVICES_PER_HOST_ENV, 1, None, "a whole number >= 1")
-        or _accelerator_host(chip),
+        or _accelerator_host(chip, accelerator),
         "topology": lambda: _topology(TOPOLOGY_ENV, chip),
     }
     fields.update({name: given[name] if name in given else read() for name, read in torch_tpu.items()})

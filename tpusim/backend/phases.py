@@ -15,9 +15,8 @@ from contextlib import contextmanager
 
 from tpusim.backend.recorder import record_host
 from tpusim.errors import TpusimError
+from tpusim.trace.phases import END
 from tpusim.trace.records import PHASE_REASON, PHASES
-
-END = "end"
 
 
 @contextmanager

@@ -36,7 +36,6 @@ tokens shared by the slice's chips.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import median, quantiles
@@ -45,15 +44,15 @@ from typing import Any
 from tpusim.hardware.spec import ChipSpec
 from tpusim.pricing.plan import rank_records
 from tpusim.pricing.timeline import Timeline
+from tpusim.pricing.tokens import token_steps
 from tpusim.report.fused_lint import growing_op, has_backward
 from tpusim.report.headline import headline
 from tpusim.report.steps import Steps
 from tpusim.report.text import seconds_text
 from tpusim.trace.ops import Family, base_name
+from tpusim.trace.phases import Span, marked_spans, span_index
 from tpusim.trace.records import (
-    PHASE_REASON,
     CollectiveRecord,
-    HostRecord,
     MemoryRecord,
     OpRecord,
     Record,
@@ -63,10 +62,8 @@ from tpusim.trace.records import (
 from tpusim.units import format_bytes
 
 MIN_DETECTED_STEPS = 3      # a decode loop found without markers: at least this many steps
-DEVICE_KINDS = ("op", "collective", "wait")
 LAST_STEP_OPS = 0.9         # the records after the last step start are a step when they run this share of its ops
 
-Span = tuple[int, int]      # [first seq, end seq) of a phase
 
 
 @dataclass(frozen=True)
@@ -89,22 +86,9 @@ def find_phases(trace: Trace) -> Phases | None:
 
 
 def _marked(records: Sequence[Record]) -> Phases | None:
-    spans: list[tuple[str, int, int]] = []
-    open_: tuple[str, int] | None = None
-    end = records[-1].seq + 1
-    for rec in records:
-        if isinstance(rec, HostRecord) and rec.event == "dispatch" and rec.reason.startswith(PHASE_REASON):
-            if open_ is not None:
-                spans.append((*open_, rec.seq))
-            name = rec.reason[len(PHASE_REASON):]
-            open_ = (name, rec.seq) if name != "end" else None
-    if open_ is not None:
-        spans.append((*open_, end))
-    decode = tuple((a, b) for name, a, b in spans if name == "decode")
+    prefill, decode = marked_spans(records)
     if not decode:
         return None
-    prefills = [(a, b) for name, a, b in spans if name == "prefill"]
-    prefill = (prefills[0][0], prefills[-1][1]) if prefills else None
     batch, prompt = _attention_shape(records, decode[0]), _attention_shape(records, prefill, length=True)
     return Phases("marked", prefill, decode, batch or 1, prompt)
 
@@ -227,7 +211,7 @@ def _in_place(rec: OpRecord) -> bool:
 def _read_only(records: Sequence[Record], spans: Sequence[Span]) -> set[int]:
     """Storages two decode steps or more read and none writes or allocates: the weights (and a static KV cache's
     storages, which the attention reads but ``index_copy_`` writes, are not among them)."""
-    step_of = _step_index(spans)
+    step_of = span_index(spans)
     read_in: dict[int, set[int]] = {}
     excluded: set[int] = set()
     for rec in records:
@@ -261,7 +245,7 @@ def footprint(records: Sequence[Record], phases: Phases) -> Footprint:
     """The weights and KV cache of the decode steps (module docstring)."""
     sizes: dict[int, int] = {}
     metas: dict[int, Any] = {}
-    step_of = _step_index(phases.decode)
+    step_of = span_index(phases.decode)
     for rec in records:
         if isinstance(rec, MemoryRecord) and rec.event == "alloc":
             sizes[rec.storage] = rec.bytes
@@ -333,16 +317,6 @@ def _grown_caches(records: Sequence[Record], spans: Sequence[Span], step_of: Cal
             and old.shape[-1] == new.shape[-1] and new.shape[-2] == old.shape[-2] + 1]
 
 
-def _step_index(spans: Sequence[Span]) -> Callable[[int], int | None]:
-    """seq -> the index of the span that holds it (spans in order, not overlapping), else None."""
-    starts = [a for a, _ in spans]
-
-    def index(seq: int) -> int | None:
-        i = bisect_right(starts, seq) - 1
-        return i if i >= 0 and seq < spans[i][1] else None
-    return index
-
-
 def fits_section(fp: Footprint, batch: int, chip: ChipSpec, chips: int) -> dict[str, Any]:
     """The largest batch x context the chip's HBM holds beside the weights (weights and KV cache only)."""
     free = chip.hbm_bytes - fp.weights_bytes
@@ -361,18 +335,6 @@ def fits_section(fp: Footprint, batch: int, chip: ChipSpec, chips: int) -> dict[
 
 
 # ---- per mode --------------------------------------------------------------------------------------------------------
-def _windows(timeline: Timeline, spans: Sequence[Span], chip: int) -> list[tuple[float, float] | None]:
-    """Per span: (first start, last end) of the device events on ``chip`` of the records in it (None: no event)."""
-    index = _step_index(spans)
-    windows: list[tuple[float, float] | None] = [None] * len(spans)
-    for e in timeline.events:
-        if e.chip != chip or e.kind not in DEVICE_KINDS or (i := index(e.seq)) is None:
-            continue
-        old = windows[i]
-        windows[i] = (e.start_s, e.end_s) if old is None else (min(old[0], e.start_s), max(old[1], e.end_s))
-    return windows
-
-
 DeviceSplit = Callable[[Timeline, float, float, int], dict[str, float]]
 
 
@@ -380,21 +342,15 @@ def mode_section(timeline: Timeline, trace: Trace, chip: ChipSpec, phases: Phase
                  device_split: DeviceSplit) -> dict[str, Any] | None:
     """One mode's inference numbers (module docstring); None when no decode step ran any device work."""
     first_chip = timeline.chips_simulated[0] if timeline.chips_simulated else 0
-    windows = _windows(timeline, phases.decode, first_chip)
-    prefill = _windows(timeline, [phases.prefill], first_chip)[0] if phases.prefill else None
-    ends = [w[1] for w in windows if w is not None]
-    if not ends:
+    tokens = token_steps(timeline, phases.prefill, phases.decode, first_chip)
+    if tokens is None:
         return None
-    start = prefill[1] if prefill else next(w[0] for w in windows if w is not None)
-    previous, steps_s = start, []
-    for end in ends:
-        steps_s.append(max(0.0, end - previous))
-        previous = max(previous, end)
+    prefill, steps_s, start, previous = tokens.prefill, list(tokens.steps_s), tokens.start_s, tokens.end_s
     decode_s = previous - start
     tpot = median(steps_s)
     p90 = quantiles(steps_s, n=10, method="inclusive")[-1] if len(steps_s) > 1 else tpot
     shared = any(isinstance(r, CollectiveRecord) for r in trace.records)
-    steady = steps_s[1:] if len(steps_s) > 1 else steps_s      # the first step compiles what decode runs
+    steady = tokens.steady_s
     per_replica = phases.batch * len(steady) / sum(steady) if sum(steady) else None
     roofline = (fp.weights_bytes + fp.kv_bytes) / chip.hbm_bytes_per_s
     warm = start + steps_s[0] if len(steps_s) > 1 else start     # the first step compiles what decode runs: warm-up
@@ -432,7 +388,7 @@ def _decode_collectives(timeline: Timeline, spans: Sequence[Span], chip: int, st
     headline's ``collective_exposed`` over the steady decode window), its share of TPOT, and the share of their time
     that is the closed form's latency term (start-up + hops x hop latency) rather than bytes / bandwidth: small
     all-reduces are latency-bound. All None when no collective runs in a decode step."""
-    index = _step_index(spans)
+    index = span_index(spans)
     runs = [c for c in timeline.collectives if c.chip == chip and index(c.seq) is not None]
     if not runs:
         return dict.fromkeys(("decode_collective_s", "decode_collective_share", "decode_collective_latency_share"))

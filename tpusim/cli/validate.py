@@ -13,7 +13,8 @@ EXAMPLES = """\
 Each case reproduces one published TPU measurement: its source, chip, slice, parallelism and batch
 are in `--list` and `--json`. Training steps go through the product path (path "product"): the run
 written as a PyTorch script (validation/decoder.py) is recorded by `tpusim run` and priced as `tpusim
-run` prices it. MaxText's and MLPerf's runs are also priced from hand-built step traces (path
+run` prices it; so does serving (validation/decode.py: a static-KV-cache decode loop, its median time per
+output token against a published TPOT). MaxText's and MLPerf's runs are also priced from hand-built step traces (path
 "closed-form"), kept as a cross-check; the scaling book's collectives and matmul are priced alone.
 The error is (predicted - published) / published. "held out" cases were not used to fit any
 calibrated parameter of their chip (topologies/calibration/), nor was their twin on the other path;
@@ -24,6 +25,7 @@ examples:
   python -m tpusim validate --fast               # the quick cases only (under a minute)
   python -m tpusim validate --case sb-c2-allgather-v5e-4x8-profile --json out.json
   python -m tpusim validate --explain product-maxtext-v5p-32b-v5p-128
+  python -m tpusim validate --case decode-vllm-llama3.3-70b-v6e-8-c64   # one serving case (minutes)
   python -m tpusim validate --leave-one-family-out   # each model family priced with a calibration fitted
                                                      # without it (product-path cases)
   python -m tpusim validate --no-calibration     # the datasheet chips, before calibration

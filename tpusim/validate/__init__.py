@@ -7,7 +7,10 @@ batch, precision and remat of the published run, and a predictor that prices the
   ``tpusim.network.collectives.simulate_collective`` / ``tpusim.hardware.compute.kernel_cost``;
 - ``maxtext``: MaxText's published training throughput on v5p, v5e and v4 (V23-V25), and Google's
   MLPerf Training v4.0 GPT-3 175B runs on 1024-6144 v5p chips (V2-V4, int8), a decoder step built
-  from closed-form layer shapes and priced with ``tpusim.pricing.price`` in fused mode.
+  from closed-form layer shapes and priced with ``tpusim.pricing.price`` in fused mode;
+- ``product``: the training runs as a PyTorch script (validation/decoder.py) recorded by `tpusim run`;
+- ``inference``: published times per output token (vLLM on v6e; the scaling book's serving examples as formula
+  checks) as a PyTorch decode loop (validation/decode.py) recorded by `tpusim run`.
 
 ``suite`` runs them against each chip's calibration (``tpusim.hardware.calibration``, files in
 ``topologies/calibration/``) and reports the error, held-out error and sensitivities.
@@ -20,11 +23,11 @@ all-gather measured on v5e.
 
 from __future__ import annotations
 
-from tpusim.validate import maxtext, product, scaling_book
+from tpusim.validate import inference, maxtext, product, scaling_book
 from tpusim.validate.case import Case, Prediction
 from tpusim.validate.suite import Result, Summary, explain, find_case, run_case, run_cases, summarise
 
-CASES: tuple[Case, ...] = (*scaling_book.CASES, *product.CASES, *maxtext.CASES)
+CASES: tuple[Case, ...] = (*scaling_book.CASES, *product.CASES, *inference.CASES, *maxtext.CASES)
 
 __all__ = ["CASES", "Case", "Prediction", "Result", "Summary", "explain", "find_case", "run_case", "run_cases",
            "summarise"]

@@ -45,7 +45,8 @@ from tpusim.output import cache_dir
 from tpusim.validate.case import Case, Prediction
 from tpusim.validate.maxtext import RUNS, Run
 
-SCRIPT = Path(__file__).resolve().parents[2] / "validation" / "decoder.py"
+VALIDATION = Path(__file__).resolve().parents[2] / "validation"      # the cases' PyTorch scripts
+SCRIPT = VALIDATION / "decoder.py"
 RECORD_TIMEOUT_S = 1800
 RECIPES_REPO = "https://github.com/AI-Hypercomputer/tpu-recipes"
 
@@ -72,6 +73,7 @@ class ProductRun:
     conversion: str = ""
     slow: bool = True
     twin: str = ""                  # the closed-form case of the same published figure (tpusim/validate/maxtext.py)
+    script: str = "decoder.py"      # the PyTorch script in validation/ (decode.py: the inference cases)
 
 
 def _decoder_args(layers: int, emb: int, heads: int, head_dim: int, mlp_dim: int, vocab: int, seq: int, *,
@@ -166,9 +168,9 @@ PRODUCT_RUNS: tuple[ProductRun, ...] = (*MAXTEXT_RUNS, *RECIPES)
 
 def command(run: ProductRun, out: Path) -> list[str]:
     """The `tpusim run` command line a case records with (what a user would type, plus --out)."""
-    return [sys.executable, "-m", "tpusim", "run", str(SCRIPT), "--topology", run.topology, "--chip", run.chip,
-            "--mode", "fused", "--numerics", "off", "--ranks", "one", "--compiler", "model", "--quiet",
-            "--out", str(out), "--", *run.args]
+    return [sys.executable, "-m", "tpusim", "run", str(VALIDATION / run.script), "--topology", run.topology,
+            "--chip", run.chip, "--mode", "fused", "--numerics", "off", "--ranks", "one", "--compiler", "model",
+            "--quiet", "--out", str(out), "--", *run.args]
 
 
 @functools.cache
@@ -176,10 +178,10 @@ def source_digest() -> str:
     """What a recording depends on: tpusim's code (Python and the C++ shim; not this package, which `tpusim run`
     never runs), the script and the chip files (not the calibrations: a case prices the recorded program on
     the chip it is handed). A recording kept under another digest is never reused."""
-    root = SCRIPT.parents[1]
+    root = VALIDATION.parent
     code = [path for path in (root / "tpusim").rglob("*.py") if "validate" not in path.relative_to(root).parts]
     files = sorted([*code, *(root / "tpusim" / "backend" / "csrc").glob("*.*"), *(root / "topologies").glob("*.toml"),
-                    *(root / "topologies" / "chips").glob("*.toml"), SCRIPT])
+                    *(root / "topologies" / "chips").glob("*.toml"), *VALIDATION.glob("*.py")])
     digest = hashlib.sha256()
     for path in files:
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
@@ -188,7 +190,8 @@ def source_digest() -> str:
 
 def cached_folder(run: ProductRun) -> Path:
     """The recording's folder in tpusim's cache: one per command line and source digest."""
-    key = hashlib.sha256("\0".join([source_digest(), run.chip, run.topology, *run.args]).encode()).hexdigest()
+    words = [source_digest(), run.script, run.chip, run.topology, *run.args]
+    key = hashlib.sha256("\0".join(words).encode()).hexdigest()
     return cache_dir("validate") / f"{run.name}-{key[:16]}"
 
 
@@ -198,9 +201,9 @@ def recording(run: ProductRun) -> tuple[object, dict]:
     (kept in tpusim's cache, ~/.cache/tpusim/validate), then read back."""
     from tpusim.trace.records import read_trace
 
-    if not SCRIPT.is_file():
-        raise TpusimError(f"{SCRIPT}: the validation script is missing (it ships in the repository, next to "
-                          f"tpusim/; run `tpusim validate` from a clone)")
+    if not (VALIDATION / run.script).is_file():
+        raise TpusimError(f"{VALIDATION / run.script}: the validation script is missing (it ships in the repository, "
+                          f"next to tpusim/; run `tpusim validate` from a clone)")
     folder = cached_folder(run)
     if not (folder / "report.json").is_file():
         _record(run, folder)

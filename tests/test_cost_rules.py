@@ -79,6 +79,26 @@ def test_flash_attention_counts_the_kept_scores(causal):
         cost.flops, cost.transcendentals, cost.matmul)
 
 
+def test_a_grouped_query_decode_step_shares_each_kv_tile_among_its_query_heads():
+    """One decode token (s = 1) of 8 query heads over 1 K/V head: the same FLOPs as 8 heads over their own K/V,
+    as one matmul of 8 query rows a K/V head, so the MXU loads each K/V tile once, not once a query head."""
+    from tpusim.hardware.calibration import calibrated, load_calibration
+    from tpusim.hardware.compute import mxu_stream_seconds
+    from tpusim.hardware.spec import load_chip
+
+    b, hq, hkv, t, d = 32, 8, 1, 8192, 128
+    q, kv, kv_expanded, o = bf16(b, hq, 1, d), bf16(b, hkv, t, d), bf16(b, hq, t, d), bf16(b, hq, 1, d)
+    name = "aten::_scaled_dot_product_flash_attention_for_cpu"
+    grouped = op_cost(name, [q, kv, kv], [o], (q, kv, kv, 0.0, False))
+    expanded = op_cost(name, [q, kv_expanded, kv_expanded], [o], (q, kv_expanded, kv_expanded, 0.0, False))
+    assert grouped.flops == expanded.flops == b * hq * t * (2 * 2 * d + 5)
+    assert grouped.matmul == (2 * b * hkv, hq, d, t) and expanded.matmul == (2 * b * hq, 1, d, t)
+    chip = calibrated(load_chip("v5e"), load_calibration("v5e"))
+    # both wait for each tile's weights (8 rows, padded or grouped, < 128 load cycles): 8x fewer tiles grouped
+    ratio = mxu_stream_seconds(expanded.matmul, "bfloat16", chip) / mxu_stream_seconds(grouped.matmul, "bfloat16", chip)
+    assert ratio == pytest.approx(hq, rel=0.01)
+
+
 def test_a_sliding_window_keeps_at_most_window_plus_one_keys_per_query():
     assert rules.window_fraction(8, 8, 0) == 8 / 64
     assert rules.window_fraction(8, 8, 100) == rules.causal_fraction(8, 8) == 36 / 64

@@ -204,17 +204,21 @@ def window_fraction(s: int, t: int, window: int) -> float:
     return kept / (s * t)
 
 
-def flash_attention(heads: int, s: int, t: int, dq: int, dv: int, backward: bool, kept: float) -> Work:
+def flash_attention(heads: int, s: int, t: int, dq: int, dv: int, backward: bool, kept: float,
+                    group: int = 1) -> Work:
     """Flash attention over ``heads`` (batch x heads) s x t score matrices of which the share ``kept`` is
     computed (a mask's skipped blocks are not): Q, K, V, O and the log-sum-exp go through HBM (the recorded
     tensors), never the scores. Forward: S = QK^T and O = PV (2 matmuls); backward recomputes the scores from
     the log-sum-exp: S = QK^T again, then dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q (5 matmuls). Each
     is score-sized, (s, d) x (d, t) (or (s, t) x (t, d), the same padded work when the head dims are equal);
-    plus 5 VPU FLOPs and one exp per kept score (scale, mask, max, sum, ...)."""
+    plus 5 VPU FLOPs and one exp per kept score (scale, mask, max, sum, ...). Grouped-query attention
+    (``group`` query heads a K/V head) stacks a group's queries as the rows of one matmul against their shared
+    K/V: the same FLOPs, but a decode step's one-row queries then share each K/V tile's load instead of each
+    waiting for it (the MXU's weight-load floor: tpusim/hardware/compute.py)."""
     matmuls, flops_per_score = (5, 2.0 * (3 * dq + 2 * dv)) if backward else (2, 2.0 * (dq + dv))
     scores = heads * s * t * kept
     return Work(scores * (flops_per_score + 5.0), transcendentals=scores,
-                matmul=(max(1, round(matmuls * scores / (s * t))), s, dq, t))
+                matmul=(max(1, round(matmuls * scores / (s * t * group))), s * group, dq, t))
 
 
 def _flash(q: TensorLike, k: TensorLike, v: TensorLike, causal: bool, backward: bool,
@@ -223,7 +227,14 @@ def _flash(q: TensorLike, k: TensorLike, v: TensorLike, causal: bool, backward: 
     t = k.shape[-2]
     if kept is None:
         kept = causal_fraction(s, t) if causal else 1.0
-    return flash_attention(math.prod(lead), s, t, d, v.shape[-1], backward, kept)
+    return flash_attention(math.prod(lead), s, t, d, v.shape[-1], backward, kept, query_group(q.shape, k.shape))
+
+
+def query_group(q: Sequence[int], k: Sequence[int]) -> int:
+    """Query heads per K/V head of [..., heads, length, dim] q and k (1 unless grouped-query attention)."""
+    if len(q) < 3 or len(k) < 3 or not k[-3] or q[-3] % k[-3]:
+        return 1
+    return q[-3] // k[-3]
 
 
 def sdpa(causal_at: int) -> Rule:

@@ -57,6 +57,21 @@ class Program:
     outputs: tuple[int | None, ...]  # value of each graph output
     stablehlo: Callable[[], str] | None = None   # the graph lowered for TPU (tpusim/xla/ compiles it), on demand
 
+    def updated_inputs(self) -> tuple[tuple[int, int], ...]:
+        """(output value, input value) pairs: an output an op made from an input of the same shape and dtype (a
+        functionalised in-place update: a KV cache's ``index_copy_`` became ``index_put(cache, ...)``). AOT
+        autograd writes such an output back with ``input.copy_(output)`` after the graph; XLA runs the update in
+        place in the donated input's buffer instead, so that copy moves nothing (recorder.record_program)."""
+        inputs, outputs = set(self.inputs) - {None}, set(self.outputs) - {None}
+        pairs = []
+        for op in self.ops:
+            if not op.reads or op.reads[0] not in inputs:
+                continue
+            source = self.values[op.reads[0]]
+            pairs += [(w, op.reads[0]) for w in op.writes if w in outputs
+                      and (self.values[w].shape, self.values[w].dtype) == (source.shape, source.dtype)]
+        return tuple(pairs)
+
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 

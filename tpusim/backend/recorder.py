@@ -93,6 +93,8 @@ class Recording:
     graph_runs: dict[int, tuple[WholeGraph, list[int]]] = field(default_factory=dict)  # id -> first segments' numbers
     op_calls: dict[str, tuple[str, tuple]] | None = None   # TPUSIM_XLA_OPS: op signature -> its first call
     synthetic_storages: int = 0     # storages of values that never leave a compiled program
+    updated_in_place: dict[int, int] = field(default_factory=dict)  # a program output's storage -> the input's
+    #                                 storage it updates (Program.updated_inputs): the write-back copy is free
     max_records: int = 0            # the record budget (TPUSIM_MAX_RECORDS; 0: none): see _over_budget
     stopped_after_step: int | None = None   # the budget stopped storing after this step (steps counts on;
     #                                         0: before any step, the trace a prefix of the program)
@@ -242,6 +244,9 @@ def record_program(program: Program, inputs: list, outputs: list) -> None:
                 rec.synthetic_storages += 1
                 storage[v] = -rec.synthetic_storages
         metas = {v: real.get(v) or _program_meta(rec, program, v, storage[v]) for v in storage}
+        for out, inp in program.updated_inputs():
+            if out in real and inp in real:
+                rec.updated_in_place[real[out].storage] = real[inp].storage
         allocs, frees = _lifetimes(program, storage)
         records = rec.records
         for i, op in enumerate(program.ops):
@@ -485,6 +490,15 @@ def start(meta: dict[str, object] | None = None, max_records: int | None = None)
     return rec
 
 
+def _in_place(record: Record, updated: dict[int, int]) -> Record:
+    """AOT autograd's write-back ``input.copy_(output)`` of an input a compiled program updated: XLA updated it in
+    its buffer (Program.updated_inputs), so the copy moves no bytes; every other record as it is."""
+    if not (isinstance(record, OpRecord) and record.op == "aten::copy_" and record.inputs and record.outputs
+            and updated.get(record.inputs[-1].storage) == record.outputs[0].storage):
+        return record
+    return dataclasses.replace(record, bytes_read=0.0, bytes_written=0.0, flops=0.0)
+
+
 def stop() -> Trace:
     global _ACTIVE, _FULL, _HOOK_HANDLE
     rec = _ACTIVE or _FULL
@@ -513,6 +527,8 @@ def stop() -> Trace:
         meta = meta.replace(xla_modules=(*(_xla_module(p, runs) for p, runs in rec.program_runs.values()),
                                          *(_whole_module(g, runs) for g, runs in rec.graph_runs.values())))
     records = rec.records if rec.kept is None else rec.records[:rec.kept]
+    if rec.updated_in_place:
+        records = [_in_place(r, rec.updated_in_place) for r in records]
     numbered = all(r.seq == i for i, r in enumerate(records))   # as made: then no copy of each record
     rec.trace = Trace(records=tuple(records) if numbered else renumber(records), world_size=1, rank=0, meta=meta)
     return rec.trace

@@ -59,6 +59,13 @@ def test_an_inference_case_predicts_the_decode_steps_tpusim_run_printed(tmp_path
     weights = (layers * (d * (q + 2 * kv) + q * d + 3 * d * mlp) + vocab * d) / tp
     cache = layers * 2 * batch * (kv // tp) * length * (1 + 2 / 64)
     assert predicted >= (weights + cache) / chip.hbm_bytes_per_s
+    # the report's footprint: int8 weights (with their bf16 scales, norms and embedding shard) and an int8 cache;
+    # a scale per output channel: the column-parallel projections' are sharded, the row-parallel ones' (d) are not
+    scales = layers * ((q + 2 * kv + 2 * mlp) / tp + 2 * d) + vocab / tp
+    bf16 = layers * 2 * d + d + vocab / tp * d
+    section = report["inference"]
+    assert section["weights_bytes"] == weights + 2 * (scales + bf16)
+    assert section["kv_cache"]["dtype"] == "int8" and section["kv_cache"]["context"] == length
     # the cache's write-back after each compiled step moves nothing: XLA updates the donated buffer in place
     cache_storages = {r.outputs[0].storage for r in trace.records if isinstance(r, OpRecord) and r.op == "aten::copy_"
                       and len(r.outputs[0].shape) == 4}

@@ -6,6 +6,7 @@ at least the closed form of a token step's HBM traffic: every weight and the who
 """
 
 import dataclasses
+import json
 import math
 import subprocess
 import sys
@@ -94,3 +95,17 @@ def test_inference_cases_name_their_sources_and_kinds_and_never_the_held_out_row
     c64 = next(r for r in MEASURED if r.name.endswith("c64"))
     assert c64.args[c64.args.index("--chunk") + 1] == str(round(2494.80 / 1000 * 999 * 0.02535))
     assert Path(VALIDATION / "decode.py").is_file()
+
+
+def test_a_kv_cache_that_does_not_fit_stops_at_the_line_that_allocates_it(tmp_path):
+    """16 layers of an 8B-class model (weights about 7 GiB in bf16) with 64 sequences of 16k tokens: the cache
+    (64 x 16388 x 16 layers x 2 x 8 heads x 128 x 2 B = 64 GiB) cannot fit v5e's 16 GiB beside the weights."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tpusim", "run", str(VALIDATION / "decode.py"), "--chip", "v5e", "--numerics", "off",
+         "--compiler", "model", "--quiet", "--out", str(tmp_path), "--", "--layers", "16", "--d-model", "4096",
+         "--heads", "32", "--kv-heads", "8", "--head-dim", "128", "--mlp-dim", "14336", "--vocab", "32000",
+         "--batch", "64", "--context", "16384"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["error"]["type"] == "OutOfMemoryError" and not report["complete"]
+    assert "TPU out of memory" in done.stderr and "model.to_empty(device=args.device)" in done.stderr

@@ -66,7 +66,8 @@ value stayed on chip are dropped (they never touch HBM).
 graph, lowered to one XLA program) are fused in every mode, each execution as one window of
 its own with no size limit: XLA sees the whole graph. Opaque ops in it run as kernels alone
 (they do not cut it); an int8/fp8 matmul takes its quantize work (abs, amax, divide, round, clamp,
-cast) as its prologue (``PROGRAM_PROLOGUES``), as XLA fuses it. Values that never leave the graph
+cast) as its prologue (``PROGRAM_PROLOGUES``), and a float matmul the dequantize of an int8/fp8 operand
+(widen, times the scales), as XLA fuses both. Values that never leave the graph
 were recorded with an alloc before their producer and a free after their last reader, so the on-chip rule above keeps an
 intermediate out of HBM exactly when its producer and readers share a kernel; values crossing
 kernels go through HBM, as between XLA fusions. The program is launched once: one
@@ -83,6 +84,7 @@ import bisect
 import dataclasses
 import heapq
 import itertools
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -142,6 +144,19 @@ RULES: dict[str, Rule] = {
 PROGRAM_PROLOGUES: dict[str, Rule] = {
     "quantized_contraction": Rule(anchor=True, takes_producers=True, anchors=2),
 }
+# Inside a compiled program a float matmul also takes a dequantize as its prologue (a kernel of elementwise ops
+# that widens an int8/fp8 tensor, times its scales: ``_Grouper._dequantizes``), as the TPU compiler fuses it: a
+# weight-only int8 matmul or an int8 KV cache read by a matmul moves one byte an element, not three.
+WIDE_FLOATS = frozenset({"bfloat16", "float16", "float32"})
+
+
+def _widens_one_byte(op: Record) -> bool:
+    """A conversion of a one-byte tensor (int8, uint8, fp8) to a wider float: a dequantize's first step."""
+    if not isinstance(op, OpRecord) or not op.inputs or not op.outputs:
+        return False
+    source, out = op.inputs[0], op.outputs[0]
+    one_byte = source.nbytes == math.prod(source.shape) and source.nbytes > 0
+    return one_byte and out.dtype in WIDE_FLOATS
 
 
 def role_of(op: OpRecord) -> str:
@@ -325,10 +340,12 @@ class _Grouper:
             rule = PROGRAM_PROLOGUES.get(rec.family, rule)
         producers = {p for p in self.flow.producers(pos, rec) if p in self.group_of}
         hazards = {p for t in rec.outputs for p in self.touched.get(t.storage, ())}
-        group = _Group([pos], int(rule.anchor), set() if rule.takes_producers else producers,
-                       producers | hazards, closed=not rule.fusible, limit=rule.anchors)
-        sources = sorted({self.group_of[p] for p in producers}, reverse=True)
-        if rule.takes_producers and sources:
+        prologue = self._dequantizes(producers) if self.program and role == "contraction" else set()
+        sealed = set() if rule.takes_producers else {p for p in producers if self.group_of[p] not in prologue}
+        group = _Group([pos], int(rule.anchor), sealed, producers | hazards, closed=not rule.fusible,
+                       limit=rule.anchors)
+        sources = sorted({self.group_of[p] for p in producers} if rule.takes_producers else prologue, reverse=True)
+        if sources:
             options = [sources] + ([[g] for g in sources] if len(sources) > 1 else [])
             for option in options:
                 if self._can_merge(option, group):
@@ -342,6 +359,14 @@ class _Grouper:
             self.group_of[p] = gid
         for t in (*rec.inputs, *rec.outputs):
             self.touched.setdefault(t.storage, []).append(pos)
+
+    def _dequantizes(self, producers: set[int]) -> set[int]:
+        """The kernels among ``producers``' that only widen a one-byte tensor (int8/fp8 to a float, times its
+        scales: a dequantize, no anchor): inside a compiled program XLA fuses them into the matmul that reads
+        them, so the matmul reads the one-byte tensor and the widened copy never reaches HBM (``WIDE_FLOATS``)."""
+        gids = {self.group_of[p] for p in producers}
+        return {g for g in gids if not self.groups[g].anchors and not self.groups[g].closed
+                and any(_widens_one_byte(self.records[p]) for p in self.groups[g].members)}
 
     def _can_merge(self, gids: list[int], new: _Group) -> bool:
         groups = [self.groups[g] for g in gids]

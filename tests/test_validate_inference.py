@@ -67,6 +67,7 @@ def test_an_inference_case_predicts_the_decode_steps_tpusim_run_printed(tmp_path
     section = report["inference"]
     assert section["weights_bytes"] == weights + 2 * (scales + bf16)
     assert section["kv_cache"]["dtype"] == "int8" and section["kv_cache"]["context"] == length
+    assert section["batch"] == batch          # decode attention written as matmuls: the batch is the cache's
     # the cache's write-back after each compiled step moves nothing: XLA updates the donated buffer in place
     cache_storages = {r.outputs[0].storage for r in trace.records if isinstance(r, OpRecord) and r.op == "aten::copy_"
                       and len(r.outputs[0].shape) == 4}

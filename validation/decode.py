@@ -11,7 +11,8 @@ tokens. Each phase is marked with
 
 ``--int8``: every projection's weights in int8 with a scale per output channel, the activations quantised per row,
 int8 x int8 matmuls (``torch._int_mm``), as int8 serving stacks run (weights and activations in int8).
-``--kv-int8``: the cache in int8 with a scale per token and head, dequantised as the attention reads it.
+``--kv-int8``: the cache in int8 with a scale per token and head, dequantised as the decode step's attention reads it
+(written as two matmuls, which the compiler fuses the dequantize into: ``grouped_attention``).
 ``--chunk N``: each decode step also carries N prompt tokens of an arriving request through the same weights (the
 chunked prefill a serving engine such as vLLM mixes into its decode steps).
 
@@ -97,6 +98,18 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, base: float = 500000.0) -> 
     return x * cos + half * sin
 
 
+def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Decode attention written as two matmuls over the cache, a K/V head's query heads stacked as rows (how
+    JetStream-PyTorch reads an int8 cache): the compiler fuses the cache's dequantize into them, so each step reads
+    the cache's int8 bytes once; a flash kernel would take a dequantised bf16 copy (three times the bytes)."""
+    batch, heads, length, dim = q.shape
+    kv_heads = keys.shape[1]
+    grouped = q.reshape(batch, kv_heads, heads // kv_heads * length, dim)
+    scores = (grouped @ keys.transpose(-1, -2)).float() / dim ** 0.5
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).to(values.dtype)
+    return (weights @ values).reshape(batch, heads, length, dim)
+
+
 class KVCache(nn.Module):
     """One layer's keys and values for ``batch`` sequences of up to ``length`` tokens, this chip's heads."""
 
@@ -163,7 +176,10 @@ class Attention(nn.Module):
         else:                # one new token a sequence attends to the whole cache, the positions not yet written masked
             keys, values = self.cache.read()
             mask = (torch.arange(keys.shape[2], device=x.device) <= layout.positions[-1])[None]
-            o = F.scaled_dot_product_attention(qm, keys, values, attn_mask=mask, enable_gqa=gqa)
+            if self.cache.int8:
+                o = grouped_attention(qm, keys, values, mask)
+            else:
+                o = F.scaled_dot_product_attention(qm, keys, values, attn_mask=mask, enable_gqa=gqa)
         o = o.transpose(1, 2).reshape(main, -1)
         if layout.chunk:     # a new prompt's chunk attends to itself, causally
             qc, kc, vc = (self.heads_of(t[main:], 1, layout.chunk) for t in (q, k, v))

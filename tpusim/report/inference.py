@@ -4,7 +4,8 @@ Why a module of its own: the report speaks of training steps; a decode loop mark
 time to first token (TTFT: the prefill's time), time per output token (TPOT: median and p90 over the decode steps),
 tokens/s, and how far a token step is from the HBM roofline of reading the weights and the KV cache once.
 
-**Phases.** Marked ones first (``tpusim.backend.phase``: dispatch records with reason ``phase:<name>``). Else
+**Phases.** Marked ones first (``tpusim.backend.phase``: dispatch records with reason ``phase:<name>``; the batch is
+the first decode step's attention query's, else, attention written as matmuls, the KV cache's first dim). Else
 detected from the attention calls (the attention family of tpusim/trace/ops.py; the first input is the query,
 [batch, heads, length, head_dim]): a program with no backward whose attention runs with query length 1 is decoding;
 the run of calls with query length > 1 just before the first such call is the prefill, and its call count the
@@ -35,6 +36,7 @@ tokens shared by the slice's chips.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -90,7 +92,7 @@ def _marked(records: Sequence[Record]) -> Phases | None:
     if not decode:
         return None
     batch, prompt = _attention_shape(records, decode[0]), _attention_shape(records, prefill, length=True)
-    return Phases("marked", prefill, decode, batch or 1, prompt)
+    return Phases("marked", prefill, decode, batch or 0, prompt)     # 0: no attention op; the KV cache says
 
 
 def _attention_shape(records: Sequence[Record], span: Span | None, length: bool = False) -> int | None:
@@ -239,6 +241,7 @@ class Footprint:
     kv_dtype: str
     kv_tensors: int
     kv_persistent: bool                  # a static cache (the same storages every step)
+    kv_batch: int = 0                    # sequences the cache holds ([batch, heads, context, head_dim]; 0: unknown)
 
 
 def footprint(records: Sequence[Record], phases: Phases) -> Footprint:
@@ -277,8 +280,9 @@ def footprint(records: Sequence[Record], phases: Phases) -> Footprint:
     context = max((round(max(sizes.get(m.storage, 0), m.nbytes) / (m.nbytes / m.shape[-2]))
                    for m in kv_metas if len(m.shape) >= 2 and m.nbytes), default=0)
     weights = sum(max(sizes.get(s, 0), metas[s].nbytes) for s in _read_only(records, phases.decode) - kv)
+    batch = kv_metas[0].shape[0] if kv_metas and len(kv_metas[0].shape) == 4 else 0
     return Footprint(weights, kv_bytes, per_token, context, kv_metas[0].dtype if kv_metas else "",
-                     len(kv_metas), bool(persistent))
+                     len(kv_metas), bool(persistent), batch)
 
 
 def _updated_in_place(records: Sequence[Record], spans: Sequence[Span], step_of: Callable[[int], int | None],
@@ -420,6 +424,8 @@ def inference_section(trace: Trace, timelines: dict[str, Timeline], chip: ChipSp
         return None
     records = next(iter(rank_records(trace).values()), ())
     fp = footprint(records, phases)
+    if not phases.batch:        # marked phases whose attention is written as matmuls: the cache's sequences
+        phases = dataclasses.replace(phases, batch=fp.kv_batch or 1)
     modes = {name: section for name, timeline in timelines.items()
              if (section := mode_section(timeline, trace, chip, phases, fp, world_size, device_split)) is not None}
     kv = None

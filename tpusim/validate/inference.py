@@ -5,8 +5,11 @@ checked. Each case runs ``validation/decode.py`` (a Llama-style decoder, tensor 
 static KV cache, the prefill and the decode step each ``torch.compile``'d and marked with ``tpusim.backend.phase``)
 at the published model, batch, context, precision and slice, recorded by `tpusim run` exactly as the training cases
 are (tpusim/validate/product.py: a process of its own, ``--numerics off``, kept in tpusim's cache per source
-digest), and prices it with ``tpusim.pricing.price``. The prediction is the median decode step after the first (the
-first compiles what the loop runs), read off the timeline by the report's own rule (tpusim/pricing/tokens.py).
+digest), and prices it with ``tpusim.pricing.price``. A measured case predicts the median decode step after the first
+(the first compiles what the loop runs), read off the timeline by the report's own rule (tpusim/pricing/tokens.py).
+An analytic case's figure is its source's roofline (bytes / HBM bandwidth), so it is compared with the recording's
+roofline (the weights and KV cache a chip holds, as the report counts them, read once), like with like: it checks
+the script and what tpusim counts, not the chip; the priced step stands beside it (``--explain``).
 
 Sources (``../shared/research``-style rows; each run's ``where`` quotes the line):
 - **measured**: AI-Hypercomputer/tpu-recipes' vLLM recipe for Llama 3.3 70B on Trillium (v6e-8, tensor parallel 8,
@@ -124,13 +127,27 @@ def token_step_seconds(run: ProductRun, chip: ChipSpec) -> tuple[float, float | 
     return median(steps.steady_s), ttft, len(steps.steps_s)
 
 
-def predictor(run: ProductRun):
+def roofline_seconds(run: ProductRun, chip: ChipSpec) -> float:
+    """The HBM roofline of one decode step of ``run``'s recording: the weights and the KV cache a chip holds (as the
+    report counts them: report.json ``inference``), read once at the chip's HBM bandwidth."""
+    _, report = recording(run)
+    section = report["inference"]
+    return (section["weights_bytes"] + section["kv_cache"]["bytes"]) / chip.hbm_bytes_per_s
+
+
+def predictor(run: ProductRun, kind: str):
+    """A measured case predicts the priced decode step; an analytic one (the source's own roofline: bytes / HBM
+    bandwidth) the recording's roofline, like with like, with the priced step beside it."""
     def predict(chip: ChipSpec) -> Prediction:
         tpot, ttft, count = token_step_seconds(run, chip)
+        roofline = roofline_seconds(run, chip)
         notes = (f"validation/decode.py {' '.join(run.args)}",
                  f"{run.accelerator} = {run.topology}; prefill and decode step torch.compile'd; the median of decode "
-                 f"steps 2-{count}" + (f"; prefill (TTFT) {ttft * 1e3:.1f} ms" if ttft else ""))
-        return Prediction(tpot, {"decode_step": tpot}, notes)
+                 f"steps 2-{count}" + (f"; prefill (TTFT) {ttft * 1e3:.1f} ms" if ttft else ""),
+                 f"priced decode step {tpot * 1e3:.2f} ms = {tpot / roofline:.2f}x its HBM roofline "
+                 f"({roofline * 1e3:.2f} ms: the weights and KV cache a chip holds, read once)")
+        seconds = roofline if kind == "analytic" else tpot
+        return Prediction(seconds, {"decode_step": tpot, "roofline": roofline}, notes)
 
     return predict
 
@@ -138,7 +155,7 @@ def predictor(run: ProductRun):
 def case(run: ProductRun, kind: str) -> Case:
     return Case(name=run.name, kind=kind, title=f"{run.setup.split(',')[0]} decode step on {run.accelerator}",
                 chip=run.chip, slice=run.topology, setup=run.setup, published=run.published,
-                published_s=run.published_s, source=run.source, where=run.where, predict=predictor(run),
+                published_s=run.published_s, source=run.source, where=run.where, predict=predictor(run, kind),
                 conversion=run.conversion, model="validation/decode.py through `tpusim run` (product path)",
                 slow=True, path="product", mode="compile", script="validation/decode.py", family=run.family)
 

@@ -146,8 +146,9 @@ def predictor(run: ProductRun, kind: str):
                  f"steps 2-{count}" + (f"; prefill (TTFT) {ttft * 1e3:.1f} ms" if ttft else ""),
                  f"priced decode step {tpot * 1e3:.2f} ms = {tpot / roofline:.2f}x its HBM roofline "
                  f"({roofline * 1e3:.2f} ms: the weights and KV cache a chip holds, read once)")
-        seconds = roofline if kind == "analytic" else tpot
-        return Prediction(seconds, {"decode_step": tpot, "roofline": roofline}, notes)
+        if kind == "analytic":
+            return Prediction(roofline, {"weights_and_kv_cache_read_once": roofline}, notes)
+        return Prediction(tpot, {"decode_step": tpot}, notes)
 
     return predict
 

@@ -40,15 +40,14 @@ from tpusim.validate.product import ProductRun, recording
 
 VLLM_RECIPE = "inference/trillium/vLLM/Llama3.x/README.md"
 VLLM_COMMIT = "b709d7342e6302a84337245770bee81e9d2a08fe"
-SCALING_BOOK = "https://jax-ml.github.io/scaling-book/applied-inference/"
+SCALING_BOOK = "https://jax-ml.github.io/scaling-book/"      # + the chapter: inference/, applied-inference/
 SCALING_BOOK_COMMIT = "0819a7d8c55ddc113f5cba0285a5f97380cac1e3"
 DECODE_STEPS = 4                 # the script's decode steps: the first compiles, the median of the other three counts
 
 # Llama 3 / 3.1 / 3.3 70B (one architecture): meta-llama's config.json
 _LLAMA3_70B = ("--layers", "80", "--d-model", "8192", "--heads", "64", "--kv-heads", "8", "--head-dim", "128",
                "--mlp-dim", "28672", "--vocab", "128256")
-
-
+# LLaMA 2 13B (the scaling book's inference chapter uses its config; multi-head attention: 40 K/V heads)
 _LLAMA2_13B = ("--layers", "40", "--d-model", "5120", "--heads", "40", "--kv-heads", "40", "--head-dim", "128",
                "--mlp-dim", "13824", "--vocab", "32000")
 
@@ -75,15 +74,15 @@ def _vllm(concurrency: int, tpot_ms: float, tokens_per_s: float, lines: str) -> 
         script="decode.py")
 
 
-def _scaling_book(name: str, model: tuple[str, ...], batch: int, context: int, step_ms: float, quote: str,
-                  setup: str, conversion: str, int8: bool = False) -> ProductRun:
+def _scaling_book(name: str, chapter: str, model: tuple[str, ...], batch: int, context: int, step_ms: float,
+                  quote: str, setup: str, conversion: str, int8: bool = False) -> ProductRun:
     """One of the book's serving examples on v5e 2d:4x2 (8 chips, tensor parallel 8)."""
     return ProductRun(
         name=f"decode-scaling-book-{name}", family="scaling-book-serving", chip="v5e", topology="2d:4x2",
         accelerator="v5e-8", args=_args(model, batch, context, int8=int8),
-        published_s=step_ms / 1e3, published=f"{step_ms:g} ms per step (analytic)", source=SCALING_BOOK,
-        where=f"jax-ml/scaling-book @ {SCALING_BOOK_COMMIT[:10]}: {quote}", setup=setup, conversion=conversion,
-        script="decode.py")
+        published_s=step_ms / 1e3, published=f"{step_ms:g} ms per step (analytic)", source=SCALING_BOOK + chapter,
+        where=f"jax-ml/scaling-book {chapter.rstrip('/')}.md @ {SCALING_BOOK_COMMIT[:10]}: {quote}", setup=setup,
+        conversion=conversion, script="decode.py")
 
 
 MEASURED: tuple[ProductRun, ...] = (
@@ -93,12 +92,12 @@ MEASURED: tuple[ProductRun, ...] = (
                                '(MAX_CONCURRENCY=128)'),
 )
 ANALYTIC: tuple[ProductRun, ...] = (
-    _scaling_book("llama3-70b-int8-b32", _LLAMA3_70B, 32, 8192, 17,
-                  '"(KV size + param size) / (8 * HBM bandwidth) = 112e9 / (8 * 8.1e11) = 17ms" (applied-inference.md)',
+    _scaling_book("llama3-70b-int8-b32", "applied-inference/", _LLAMA3_70B, 32, 8192, 17,
+                  '"(KV size + param size) / (8 * HBM bandwidth) = 112e9 / (8 * 8.1e11) = 17ms"',
                   "LLaMA 3 70B, int8 weights and KV cache, batch 32 at context 8192, tensor parallel 8",
                   "the book's roofline: (KV cache 41.9e9 B + params 70e9 B) / (8 chips x 8.1e11 B/s)", int8=True),
-    *(_scaling_book(f"llama2-13b-b{batch}", _LLAMA2_13B, batch, 8192, step_ms,
-                    f'"Theoretical Step Time (ms)" {step_ms} at batch size {batch} (inference.md, LLaMA 2-13B)',
+    *(_scaling_book(f"llama2-13b-b{batch}", "inference/", _LLAMA2_13B, batch, 8192, step_ms,
+                    f'"Theoretical Step Time (ms)" {step_ms} at batch size {batch} (LLaMA 2-13B on 8 v5e)',
                     f"LLaMA 2 13B, bf16, batch {batch} at context 8192, tensor parallel 8",
                     "the book's roofline: (params + KV cache) bytes / (8 chips x 0.82 TiB/s)")
       for batch, step_ms in ((1, 4.98), (16, 20.30))),

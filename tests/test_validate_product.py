@@ -10,8 +10,6 @@ import dataclasses
 import json
 import math
 
-import pytest
-
 from tpusim.cli.main import main
 from tpusim.trace.records import OpRecord, StepMarker
 from tpusim.validate import find_case, run_case
@@ -51,10 +49,12 @@ def test_a_product_case_predicts_what_tpusim_run_printed_and_compiled_its_blocks
     assert steps == 2 and matmul >= 0.99 * 6 * params * batch * seq
 
 
-@pytest.mark.slow
-def test_the_fast_product_case_runs_through_validate(tmp_path):
+def test_the_fast_product_case_stays_on_its_published_step(tmp_path):
+    """The fidelity gate of the default suite: the Mistral 7B recipe on v6e-8 (6.320 s per step, published), which
+    v6e's mxu_efficiency was fitted on, priced through `tpusim run`'s path. A change to how tpusim records or
+    prices a training step moves it: the second step's optimizer compiles once did, by 9.4%, unnoticed."""
     result = run_case(FAST_PRODUCT)
-    assert result.predicted_s > 0 and math.isfinite(result.error)
+    assert abs(result.error) < 0.03, f"{FAST_PRODUCT.name}: {result.error:+.1%} off its published step"
     out = tmp_path / "v.json"
     assert main(["validate", "--case", FAST_PRODUCT.name, "--json", str(out), "--quiet"]) == 0
     row = json.loads(out.read_text())["results"][0]

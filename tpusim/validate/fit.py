@@ -18,6 +18,8 @@ from tpusim.validate.case import Case
 from tpusim.validate.suite import chip_for
 
 TOLERANCE = 1e-4             # on the fitted value
+SERVING_SCRIPT = "validation/decode.py"     # the serving cases' script (tpusim/validate/inference.py): priced, never
+#                                             fitted on by leave_one_family_out (HBM-bound, not MXU-bound)
 
 
 @dataclass(frozen=True)
@@ -87,10 +89,12 @@ class FamilyOut:
 
 def leave_one_family_out(cases: list[Case], parameter: str = "mxu_efficiency") -> list[FamilyOut]:
     """Each model family left out in turn: its chips' ``parameter`` refitted on that chip's fit cases of other
-    families (its other product cases when every fit case was of the family; the geometric mean of the other
+    families (its other training cases when every fit case was of the family; the geometric mean of the other
     chips' calibrated values when the chip has no other case: the chip left out too), then the family's
-    cases priced. A sibling of a fit case (another slice of the same model) is then never its own check."""
+    cases priced. Serving cases are priced as a family but never fitted on: a decode step is bound by HBM. A
+    sibling of a fit case (another slice of the same model) is then never its own check."""
     product = [c for c in cases if c.kind == "measured" and c.path == "product"]
+    training = [c for c in product if c.script != SERVING_SCRIPT]    # a decode step barely moves with an MXU share
     families = sorted({c.family or c.name for c in product})
     calibrations = {c.chip: load_calibration(c.chip) or Calibration(chip=c.chip) for c in product}
     out = []
@@ -100,7 +104,7 @@ def leave_one_family_out(cases: list[Case], parameter: str = "mxu_efficiency") -
         for chip in sorted({c.chip for c in inside}):
             calib = calibrations[chip]
             fitted = {name for p in calib.parameters.values() for name in p.fitted_on}
-            others = [c for c in product if c.chip == chip and (c.family or c.name) != family]
+            others = [c for c in training if c.chip == chip and (c.family or c.name) != family]
             train = [c for c in others if {c.name, c.twin} & fitted] or others
             if train:
                 value = fit(parameter, train, base=calib).value

@@ -36,6 +36,7 @@ from statistics import median
 
 from tpusim.hardware.spec import ChipSpec
 from tpusim.validate.case import Case, Prediction
+from tpusim.validate.fit import SERVING_SCRIPT
 from tpusim.validate.product import ProductRun, recording
 
 VLLM_RECIPE = "inference/trillium/vLLM/Llama3.x/README.md"
@@ -157,7 +158,7 @@ def case(run: ProductRun, kind: str) -> Case:
                 chip=run.chip, slice=run.topology, setup=run.setup, published=run.published,
                 published_s=run.published_s, source=run.source, where=run.where, predict=predictor(run, kind),
                 conversion=run.conversion, model="validation/decode.py through `tpusim run` (product path)",
-                slow=True, path="product", mode="compile", script="validation/decode.py", family=run.family)
+                slow=True, path="product", mode="compile", script=SERVING_SCRIPT, family=run.family)
 
 
 CASES: tuple[Case, ...] = (*(case(run, "measured") for run in MEASURED), *(case(run, "analytic") for run in ANALYTIC))

@@ -84,7 +84,6 @@ import bisect
 import dataclasses
 import heapq
 import itertools
-import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -99,6 +98,7 @@ from tpusim.eager.windows import (
     node_key,
     splits_graph,
 )
+from tpusim.hardware.compute import itemsize
 from tpusim.hardware.spec import ChipSpec
 from tpusim.trace.ops import base_name, fusion_role
 from tpusim.trace.records import (
@@ -154,9 +154,7 @@ def _widens_one_byte(op: Record) -> bool:
     """A conversion of a one-byte tensor (int8, uint8, fp8) to a wider float: a dequantize's first step."""
     if not isinstance(op, OpRecord) or not op.inputs or not op.outputs:
         return False
-    source, out = op.inputs[0], op.outputs[0]
-    one_byte = source.nbytes == math.prod(source.shape) and source.nbytes > 0
-    return one_byte and out.dtype in WIDE_FLOATS
+    return itemsize(op.inputs[0].dtype) == 1 and op.outputs[0].dtype in WIDE_FLOATS
 
 
 def role_of(op: OpRecord) -> str:

@@ -44,6 +44,11 @@ class TokenSteps:
         """The decode steps after the first, which compiles what the loop runs (warm-up); all when only one ran."""
         return self.steps_s[1:] if len(self.steps_s) > 1 else self.steps_s
 
+    @property
+    def steady_start_s(self) -> float:
+        """When the steady steps (``steady_s``) begin: after the first step, unless it is the only one."""
+        return self.start_s + self.steps_s[0] if len(self.steps_s) > 1 else self.start_s
+
 
 def token_steps(timeline: Timeline, prefill: Span | None, decode: Sequence[Span], chip: int) -> TokenSteps | None:
     """The token steps of ``chip`` (module docstring); None when no decode step ran device work there."""

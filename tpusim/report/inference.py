@@ -357,14 +357,14 @@ def mode_section(timeline: Timeline, trace: Trace, chip: ChipSpec, phases: Phase
     steady = tokens.steady_s
     per_replica = phases.batch * len(steady) / sum(steady) if sum(steady) else None
     roofline = (fp.weights_bytes + fp.kv_bytes) / chip.hbm_bytes_per_s
-    warm = start + steps_s[0] if len(steps_s) > 1 else start     # the first step compiles what decode runs: warm-up
-    decode = {**_phase(timeline, trace, chip, warm, previous, max(1, len(steps_s) - 1), tpot, world_size,
+    warm = tokens.steady_start_s                                  # the first step compiles what decode runs: warm-up
+    decode = {**_phase(timeline, trace, chip, warm, previous, len(steady), tpot, world_size,
                        device_split), "time_s": decode_s}
     pre = (_phase(timeline, trace, chip, prefill[0], prefill[1], 1, prefill[1] - prefill[0], world_size, device_split)
            if prefill else None)
     ratio = tpot / roofline if roofline else None
     collectives = _decode_collectives(timeline, phases.decode[1:] or phases.decode, first_chip, warm, previous,
-                                      max(1, len(steps_s) - 1), tpot, device_split)
+                                      len(steady), tpot, device_split)
     line = (f"decode {decode['bound'] or 'idle'}-bound; a token step takes {seconds_text(tpot)}, "
             + (f"{ratio:.3g}x the HBM roofline of reading the weights ({format_bytes(fp.weights_bytes)}) and the KV "
                f"cache ({format_bytes(fp.kv_bytes)}) once at {chip.hbm_bytes_per_s / 1e9:,.0f} GB/s "

@@ -48,7 +48,6 @@ from tpusim.validate.case import Case, Prediction
 from tpusim.validate.maxtext import RUNS, Run
 
 VALIDATION = Path(__file__).resolve().parents[2] / "validation"      # the cases' PyTorch scripts
-SCRIPT = VALIDATION / "decoder.py"
 RECORD_TIMEOUT_S = 1800
 STEPS = 3                           # training steps a case records; the last is priced (module docstring)
 RECIPES_REPO = "https://github.com/AI-Hypercomputer/tpu-recipes"

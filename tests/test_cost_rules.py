@@ -62,21 +62,67 @@ def test_a_convolution_is_an_implicit_gemm():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_attention_counts_the_kept_scores(causal):
+    """tpusim's compiled flash op (``tpusim::attention``): exactly the kept triangle, never the s x s scores."""
     b, h, s, d = 2, 4, 64, 16
     q, o = bf16(b, h, s, d), bf16(b, h, s, d)
-    cost, read, written = priced("aten::_scaled_dot_product_flash_attention_for_cpu", [q, q, q], [o],
-                                 (q, q, q, 0.0, causal))
+    cost, read, written = priced("tpusim::attention", [q, q, q], [o], (q, q, q, None, 0.0, causal, None))
     kept = (s * (s + 1) / 2) / (s * s) if causal else 1.0
     scores = b * h * s * s * kept
     assert cost.family == Family.ATTENTION and cost.transcendentals == scores
     assert cost.flops == scores * (2 * 2 * d + 5)                    # QK^T and PV, plus 5 VPU FLOPs a score
     assert cost.matmul == (round(2 * scores / (s * s)), s, d, s)
     assert (read, written) == (3 * q.nbytes, o.nbytes)              # never the s x s scores
-    back = op_cost("aten::_scaled_dot_product_flash_attention_for_cpu_backward", [o, q, q, q], [q, q, q],
-                   (o, q, q, q, o, Meta((b, h, s), "float32", 4), 0.0, causal))
+    back = op_cost("tpusim::attention_backward", [o, q, q, q], [q, q, q],
+                   (o, q, q, q, None, o, Meta((b, h, s), "float32", 4), causal, None))
     assert back.flops == scores * (2 * 5 * d + 5)                    # 5 matmuls
     assert rules.flash_attention(b * h, s, s, d, d, backward=False, kept=kept) == rules.Work(
         cost.flops, cost.transcendentals, cost.matmul)
+
+
+# TorchTPU's eager flash kernel (torch_tpu flash_attention_config.h and its tiling): 512 x 512 tiles, a shorter
+# sequence one tile of its length rounded up to 128; padded tiles computed, causal skipping whole tiles only.
+@pytest.mark.parametrize(("s", "causal", "tiles"), [
+    (8192, True, 16 * 17 // 2),       # 16 x 16 tiles of 512, the diagonal's in full: 136 of 256
+    (2048, True, 4 * 5 // 2),         # 10 of 16 tiles: 0.625 of the scores where the triangle is 0.5002
+    (2048, False, 16),
+    (300, True, 1),                   # one 384 x 384 tile (300 rounded up to 128s)
+])
+def test_torchtpu_eager_flash_computes_whole_tiles(s, causal, tiles):
+    b, h, d = 1, 2, 128
+    q = bf16(b, h, s, d)
+    tile = 512 if s >= 512 else -(-s // 128) * 128
+    cost = op_cost("aten::_scaled_dot_product_flash_attention_for_cpu", [q, q, q], [q], (q, q, q, 0.0, causal))
+    assert cost.transcendentals == b * h * tiles * tile * tile
+    assert cost.flops == b * h * tiles * tile * tile * (2 * 2 * d + 5)
+
+
+def test_torchtpu_eager_flash_repeats_grouped_kv_through_hbm():
+    """Grouped-query K/V are repeated to every query head before TorchTPU's eager kernel (its ReplicateKV): the
+    copies are written and read, and no query head shares another's K/V tile."""
+    b, hq, hkv, s, d = 1, 16, 2, 1024, 128
+    q, kv, o, lse = bf16(b, hq, s, d), bf16(b, hkv, s, d), bf16(b, hq, s, d), Meta((b, hq, s), "float32", 4)
+    name = "aten::_scaled_dot_product_flash_attention_for_cpu"
+    cost, read, written = priced(name, [q, kv, kv], [o, lse], (q, kv, kv, 0.0, True))
+    repeated = 2 * kv.nbytes * (hq // hkv)
+    assert read == q.nbytes + 2 * kv.nbytes + repeated
+    assert written == o.nbytes + lse.nbytes + repeated
+    full = op_cost(name, [q, q, q], [o, lse], (q, q, q, 0.0, True))
+    assert cost.matmul == full.matmul and cost.flops == full.flops     # each query head against its own copy
+
+
+def test_torchtpu_shlo_attention_sends_the_scores_through_hbm_in_f32():
+    """Off the flash kernel (head dim 192), TorchTPU's StableHLO path: every score computed, the s x t scores
+    through HBM as f32 (4 passes forward, 6 backward), the matmuls at the f32 rate."""
+    b, h, s, d = 1, 4, 1024, 192
+    q, lse = bf16(b, h, s, d), Meta((b, h, s), "float32", 4)
+    cost, read, written = priced("aten::_scaled_dot_product_fused_attention_overrideable", [q, q, q], [q, lse],
+                                 (q, q, q, None, 0.0, True))
+    scores = b * h * s * s
+    assert cost.transcendentals == scores and cost.dtype == "float32"
+    assert read + written == 4 * q.nbytes + lse.nbytes + 4 * 4 * scores
+    back, read, written = priced("aten::_scaled_dot_product_fused_attention_overrideable_backward",
+                                 [q, q, q, q, q, lse], [q, q, q], (q, q, q, q, None))
+    assert read + written == 5 * q.nbytes + lse.nbytes + 3 * q.nbytes + 6 * 4 * scores
 
 
 def test_a_grouped_query_decode_step_shares_each_kv_tile_among_its_query_heads():
@@ -88,9 +134,10 @@ def test_a_grouped_query_decode_step_shares_each_kv_tile_among_its_query_heads()
 
     b, hq, hkv, t, d = 32, 8, 1, 8192, 128
     q, kv, kv_expanded, o = bf16(b, hq, 1, d), bf16(b, hkv, t, d), bf16(b, hq, t, d), bf16(b, hq, 1, d)
-    name = "aten::_scaled_dot_product_flash_attention_for_cpu"
-    grouped = op_cost(name, [q, kv, kv], [o], (q, kv, kv, 0.0, False))
-    expanded = op_cost(name, [q, kv_expanded, kv_expanded], [o], (q, kv_expanded, kv_expanded, 0.0, False))
+    name = "tpusim::attention"                   # the compiled decode step's attention
+    grouped = op_cost(name, [q, kv, kv], [o], (q, kv, kv, None, 0.0, False, None))
+    expanded = op_cost(name, [q, kv_expanded, kv_expanded], [o],
+                       (q, kv_expanded, kv_expanded, None, 0.0, False, None))
     assert grouped.flops == expanded.flops == b * hq * t * (2 * 2 * d + 5)
     assert grouped.matmul == (2 * b * hkv, hq, d, t) and expanded.matmul == (2 * b * hq, 1, d, t)
     chip = calibrated(load_chip("v5e"), load_calibration("v5e"))

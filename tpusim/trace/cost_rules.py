@@ -16,6 +16,7 @@ fetch, not the whole table.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -248,6 +249,95 @@ def sdpa_backward(causal_at: int) -> Rule:
     """The backward (grad, q, k, v, ...), its is_causal at ``causal_at``."""
     def rule(ins: Sequence, outs: Sequence, args: tuple) -> Work:
         return _flash(args[1], args[2], args[3], len(args) > causal_at and bool(args[causal_at]), True)
+    return rule
+
+
+# TorchTPU's eager flash kernel (torch_tpu's flash_attention_config.h: kDefaultQTileSize = kDefaultKTileSize =
+# 512) tiles Q and K in 512-row blocks, a shorter sequence in one block of its length rounded up to 128.
+TORCHTPU_FLASH_TILE = 512
+TORCHTPU_FLASH_MIN_TILE = 128
+
+
+def torchtpu_flash_tile(length: int) -> int:
+    """The block TorchTPU's eager flash kernel tiles a sequence of ``length`` in."""
+    return min(TORCHTPU_FLASH_TILE, -(-max(length, 1) // TORCHTPU_FLASH_MIN_TILE) * TORCHTPU_FLASH_MIN_TILE)
+
+
+def torchtpu_flash_fraction(s: int, t: int, causal: bool) -> float:
+    """Share of the s x t scores TorchTPU's eager flash kernel computes, as a ``kept`` for ``flash_attention``:
+    both sequences padded to whole tiles (the padding computed, then masked), and under is_causal every tile with
+    a kept score computed in full (the diagonal's too), only the tiles wholly above the diagonal skipped (its
+    CreateCausalIfOp). Above 1 where padding outweighs what causal skipping saves (a decode step's one query row
+    fills a 128-row tile)."""
+    if not s or not t:
+        return 1.0
+    bq, bk = torchtpu_flash_tile(s), torchtpu_flash_tile(t)
+    tiles_q, tiles_k = -(-s // bq), -(-t // bk)
+    if causal:
+        computed = sum(min(tiles_k, (i * bq + bq - 1) // bk + 1) for i in range(tiles_q))
+    else:
+        computed = tiles_q * tiles_k
+    return computed * bq * bk / (s * t)
+
+
+def torchtpu_flash(causal_at: int, backward: bool) -> Rule:
+    """``_scaled_dot_product_flash_attention_for_cpu`` and its backward: the op an eager SDPA call records where
+    TorchTPU's chooser takes its flash kernel (tpusim/backend/csrc/attention.cpp). As that kernel runs: padded
+    tiles computed, causal masking skipping whole 512 x 512 tiles only (``torchtpu_flash_fraction``), and grouped-query K/V are first
+    repeated to every query head through HBM (its builder's ReplicateKV; the backward sums dK, dV per group), so no
+    group shares a K/V tile's load."""
+    def rule(ins: Sequence, outs: Sequence, args: tuple) -> Work:
+        first = 1 if backward else 0
+        q, k, v = args[first], args[first + 1], args[first + 2]
+        causal = len(args) > causal_at and bool(args[causal_at])
+        *lead, s, d = q.shape
+        t = k.shape[-2]
+        kept = torchtpu_flash_fraction(s, t, causal)
+        work = flash_attention(math.prod(lead), s, t, d, v.shape[-1], backward, kept)
+        group = query_group(q.shape, k.shape)
+        if group == 1:
+            return work
+        kv_bytes = (numel(k) + numel(v)) * itemsize(k)
+        repeated = kv_bytes * group               # the copies written, then read by the kernel in place of K/V
+        grads = kv_bytes * group if backward else 0.0     # dK, dV per query head, read back for the group sums
+        read = sum(numel(x) * itemsize(x) for x in ins if x is not None) + repeated + grads
+        written = sum(numel(x) * itemsize(x) for x in outs if x is not None) + repeated + grads
+        return dataclasses.replace(work, bytes_read=read, bytes_written=written)
+    return rule
+
+
+# Score-sized tensors TorchTPU's StableHLO attention writes and reads back through HBM (f32): forward the
+# logits (written, read by the softmax) and the probabilities (written, read by P @ V); backward the recomputed
+# probabilities, dP and dS, each written and read once.
+_UNFUSED_SCORE_PASSES = {False: 4, True: 6}
+
+
+def unfused_attention(q: TensorLike, k: TensorLike, v: TensorLike, backward: bool,
+                      io_bytes: tuple[float, float]) -> Work:
+    """TorchTPU's StableHLO "optimized MATH" attention (SDPBackend.OVERRIDEABLE, taken when its flash kernel's
+    conditions fail: torch_tpu's scaled_dot_product_attention_shlo.cc): the whole s x t score matrix is computed
+    (a causal mask is a select, no block is skipped), grouped K/V broadcast to every query head, bf16/f16 inputs
+    promoted to f32 for the whole module when the query needs a gradient (GetSdpaPromotionType's kWholeModule), and
+    the scores go through HBM as f32 between XLA's fusions (``_UNFUSED_SCORE_PASSES``), half of them writes.
+    ``io_bytes``: the op's recorded inputs and outputs, read and written once."""
+    *lead, s, d = q.shape
+    t, dv = k.shape[-2], v.shape[-1]
+    heads = math.prod(lead)
+    matmuls, flops_per_score = (5, 2.0 * (3 * d + 2 * dv)) if backward else (2, 2.0 * (d + dv))
+    scores = heads * s * t
+    half_scores = scores * 4 * _UNFUSED_SCORE_PASSES[backward] / 2
+    return Work(scores * (flops_per_score + 5.0), transcendentals=scores, matmul=(matmuls * heads, s, d, t),
+                bytes_read=io_bytes[0] + half_scores, bytes_written=io_bytes[1] + half_scores, dtype="float32")
+
+
+def sdpa_unfused(backward: bool) -> Rule:
+    """``_scaled_dot_product_fused_attention_overrideable`` (q, k, v first) and its backward (grad, q, k, v):
+    TorchTPU's StableHLO path, ``unfused_attention``."""
+    def rule(ins: Sequence, outs: Sequence, args: tuple) -> Work:
+        first = 1 if backward else 0
+        io = (sum(numel(x) * itemsize(x) for x in ins if x is not None),
+              sum(numel(x) * itemsize(x) for x in outs if x is not None))
+        return unfused_attention(args[first], args[first + 1], args[first + 2], backward, io)
     return rule
 
 

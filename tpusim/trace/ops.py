@@ -127,11 +127,12 @@ OPS: dict[str, Op] = _table(
     # ---- quantized contractions: int8 / fp8 / weight-only int8/int4, at their inputs' MXU rate
     {"_int_mm": Op(Q, rules.int_mm), "_scaled_mm": Op(Q, rules.scaled_mm),
      "_weight_int8pack_mm": Op(Q, rules.weight_only_mm), "_weight_int4pack_mm": Op(Q, rules.weight_only_mm)},
-    # ---- attention: fused flash kernels (the argument: is_causal's position in each schema)
-    {"_scaled_dot_product_flash_attention_for_cpu": Op(A, rules.sdpa(4)),
-     "_scaled_dot_product_fused_attention_overrideable": Op(A, rules.sdpa(5)),
-     "_scaled_dot_product_flash_attention_for_cpu_backward": Op(A, rules.sdpa_backward(7)),
-     "_scaled_dot_product_fused_attention_overrideable_backward": Op(A, rules.sdpa_backward(13)),
+    # ---- attention: fused flash kernels (the argument: is_causal's position in each schema); the overrideable
+    # op is TorchTPU's StableHLO path, taken where its flash kernel's conditions fail (backend/csrc/attention.cpp)
+    {"_scaled_dot_product_flash_attention_for_cpu": Op(A, rules.torchtpu_flash(4, False)),
+     "_scaled_dot_product_fused_attention_overrideable": Op(A, rules.sdpa_unfused(False)),
+     "_scaled_dot_product_flash_attention_for_cpu_backward": Op(A, rules.torchtpu_flash(7, True)),
+     "_scaled_dot_product_fused_attention_overrideable_backward": Op(A, rules.sdpa_unfused(True)),
      # tpusim's own fused attention (tpusim/backend/flash_attention.py): (q, k, v, mask, dropout, causal, scale)
      # and (grad, q, k, v, mask, out, lse, causal, scale)
      "tpusim::attention": Op(A, rules.sdpa(5)), "tpusim::attention_backward": Op(A, rules.sdpa_backward(7))},

@@ -520,12 +520,16 @@ def stop() -> Trace:
     meta = meta.replace(**rec.meta.set_fields())  # what layers above set wins
     for source in _META_SOURCES:                # e.g. torch.compile's breaks and recompiles (tpusim/backend/compile.py)
         meta = meta.replace(**source())
-    if rec.op_calls:
+    # a daemon thread may still issue ops (it took the recording before it stopped) and fill these dicts while they
+    # are lowered (issue 44, S07: "dictionary changed size during iteration"): copies, each made in one step under
+    # the GIL (dict() of a plain dict runs no Python code)
+    op_calls, program_runs, graph_runs = dict(rec.op_calls or {}), dict(rec.program_runs), dict(rec.graph_runs)
+    if op_calls:
         meta = meta.replace(xla_ops=tuple(op_programs.lowered(key, name, args)
-                                          for key, (name, args) in rec.op_calls.items()))
-    if rec.program_runs:
-        meta = meta.replace(xla_modules=(*(_xla_module(p, runs) for p, runs in rec.program_runs.values()),
-                                         *(_whole_module(g, runs) for g, runs in rec.graph_runs.values())))
+                                          for key, (name, args) in op_calls.items()))
+    if program_runs:
+        meta = meta.replace(xla_modules=(*(_xla_module(p, tuple(runs)) for p, runs in program_runs.values()),
+                                         *(_whole_module(g, tuple(runs)) for g, runs in graph_runs.values())))
     records = rec.records if rec.kept is None else rec.records[:rec.kept]
     if rec.updated_in_place:
         records = [_in_place(r, rec.updated_in_place) for r in records]
@@ -534,7 +538,7 @@ def stop() -> Trace:
     return rec.trace
 
 
-def _xla_module(program: Program, runs: list[int]) -> XlaModule:
+def _xla_module(program: Program, runs: tuple[int, ...]) -> XlaModule:
     """A compiled graph for the TPU compiler: its StableHLO, or why it has none."""
     if program.stablehlo is None:
         return XlaModule(program.label, programs=tuple(runs), error="not lowered to StableHLO")
@@ -544,7 +548,7 @@ def _xla_module(program: Program, runs: list[int]) -> XlaModule:
         return XlaModule(program.label, programs=tuple(runs), error=f"lowering for TPU failed: {error}"[:300])
 
 
-def _whole_module(graph: WholeGraph, runs: list[int]) -> XlaModule:
+def _whole_module(graph: WholeGraph, runs: tuple[int, ...]) -> XlaModule:
     """A graph with collectives, lowered whole over its group's devices, or why it could not be."""
     module = XlaModule(graph.label, programs=tuple(runs), devices=graph.devices, segments=graph.segments)
     try:
@@ -584,13 +588,19 @@ def remove_backward_listener(listener: Callable[[], None]) -> None:
 
 def _mark_backward() -> None:
     """A zero-second dispatch record (reason ``tpusim.eager.windows.BACKWARD_REASON``): Fused eager's cut."""
+    mark_cut(BACKWARD_REASON)
+
+
+def mark_cut(reason: str) -> None:
+    """A zero-second dispatch record whose ``reason`` ends a Fused eager cluster without a host wait
+    (``tpusim.eager.windows``: BACKWARD_REASON, LAUNCH_REASON)."""
     rec = _ACTIVE
     if rec is None:
         return
     source = user_source()
     with rec.lock:
         _drain(rec)
-        rec.records.append(HostRecord(len(rec.records), "dispatch", BACKWARD_REASON, 0, 0.0, source))
+        rec.records.append(HostRecord(len(rec.records), "dispatch", reason, 0, 0.0, source))
 
 
 def _wrap_backward() -> None:

@@ -90,6 +90,7 @@ from dataclasses import dataclass, field
 
 from tpusim.eager.windows import (
     BACKWARD_REASON,
+    LAUNCH_REASON,
     Node,
     WindowCutter,
     defers,
@@ -602,6 +603,8 @@ def _cut_reason(rec: Record) -> str:
     if isinstance(rec, HostRecord):
         if rec.reason == BACKWARD_REASON:
             return "backward"
+        if rec.reason == LAUNCH_REASON:
+            return "launch"
         return "mode" if rec.reason.startswith(MODE_CHANGE_REASON) else rec.event
     if isinstance(rec, CollectiveRecord):
         return "collective"
@@ -845,7 +848,7 @@ def fuse(records: Sequence[Record], chip: ChipSpec, *, host_s_per_op: float = 0.
             else:
                 out.append(rec)
         elif isinstance(rec, HostRecord) and (rec.event == "h2d" or (
-                rec.event == "dispatch" and rec.reason != BACKWARD_REASON
+                rec.event == "dispatch" and rec.reason not in (BACKWARD_REASON, LAUNCH_REASON)
                 and not rec.reason.startswith(MODE_CHANGE_REASON))):
             out.append(rec)                         # a host->device copy fills a fresh buffer: no materialization
         elif isinstance(rec, OpRecord) and compiled_ops and \

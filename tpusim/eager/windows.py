@@ -102,6 +102,9 @@ COLLECTIVE_ENV_OFF = ("0", "false")
 FANOUT_LIMIT = 2                           # consumers of a pending value that materialize it
 # HostRecord(event="dispatch", reason=BACKWARD_REASON, seconds=0): backward() returned (tpusim/backend/recorder.py)
 BACKWARD_REASON = "autograd_backward"
+# HostRecord(event="dispatch", reason=LAUNCH_REASON, seconds=0): torch_tpu's synchronize(wait=False) launched the
+# pending work without waiting for it (tpusim/backend/torchtpu/sync.py)
+LAUNCH_REASON = "launch_pending"
 
 # Ops that read a value on the host: the only ops TorchTPU does not defer. Adding one = one name here
 # (tpusim.trace.ops.base_name form).
@@ -120,6 +123,7 @@ FORCED_SPLIT_OPS = ("tpu::",)
 # Why a cluster ends. Adding a cut reason = one row here.
 CUTS: dict[str, str] = {
     "sync": "the host reads a value (.item(), .cpu(), print, synchronize): pending work materializes",
+    "launch": "torch_tpu's synchronize(wait=False): pending work is launched and the host goes on without waiting",
     "d2h": "a device->host copy",
     "opaque": "an op that runs outside the deferred graph (a host read; on the PJRT target an op it cannot "
               "trace): it runs alone",
@@ -150,7 +154,7 @@ CUTS: dict[str, str] = {
 
 # Cuts that a user's program makes (not the heuristics): the repeat detector's history starts afresh at
 # each. Adding one = one name here.
-HARD_CUTS = frozenset({"sync", "d2h", "dynamic", "collective", "program", "step", "mode", "backward", "end"})
+HARD_CUTS = frozenset({"sync", "launch", "d2h", "dynamic", "collective", "program", "step", "mode", "backward", "end"})
 
 # Why a pending value becomes an output of its cluster (written to HBM) without ending it. Adding a
 # reason = one row here.

@@ -28,6 +28,7 @@ from tpusim.backend import recorder
 from tpusim.backend.state import STATE
 from tpusim.backend.targets import flush_pending
 from tpusim.backend.torchtpu.deferred import PENDING
+from tpusim.eager.windows import LAUNCH_REASON
 from tpusim.errors import TpusimError
 
 
@@ -49,13 +50,18 @@ def _tensors(where: str, values: tuple) -> list[torch.Tensor]:
 
 
 def synchronize(tensors: torch.Tensor | Sequence[torch.Tensor] | None = None, wait: bool = False) -> None:
-    """Materialize ``tensors`` (None: everything pending); ``wait`` is accepted (work is synchronous here)."""
+    """Materialize ``tensors`` (None: everything pending). ``wait=True`` is a host sync in the trace (the host
+    waits for the device); ``wait=False``, TorchTPU's default, launches the pending work and goes on: a Fused
+    eager cut without a wait (TorchTPU's graph split, e.g. between a step's forward and backward)."""
     if tensors is not None:
         _tensors("synchronize", (tensors,))
     flush_pending("sync")
     PENDING.clear()
     if STATE.recording:
-        recorder.record_host("sync", "synchronize")
+        if wait:
+            recorder.record_host("sync", "synchronize")
+        else:
+            recorder.mark_cut(LAUNCH_REASON)
 
 
 def is_materialized(tensor: torch.Tensor) -> bool:

@@ -17,9 +17,9 @@ from types import ModuleType
 
 
 class _Loader(importlib.abc.Loader):
-    """Runs ``after(module)`` once the wrapped loader has executed the module."""
+    """Runs each of ``after`` on the module once the wrapped loader has executed it."""
 
-    def __init__(self, inner: importlib.abc.Loader, after: Callable[[ModuleType], None]) -> None:
+    def __init__(self, inner: importlib.abc.Loader, after: list[Callable[[ModuleType], None]]) -> None:
         self.inner, self.after = inner, after
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
@@ -27,12 +27,13 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         self.inner.exec_module(module)
-        self.after(module)
+        for after in self.after:
+            after(module)
 
 
 class _PostImportFinder(importlib.abc.MetaPathFinder):
     def __init__(self) -> None:
-        self.hooks: dict[str, Callable[[ModuleType], None]] = {}
+        self.hooks: dict[str, list[Callable[[ModuleType], None]]] = {}
 
     def find_spec(self, name: str, path: object, target: object = None) -> importlib.machinery.ModuleSpec | None:
         after = self.hooks.get(name)
@@ -57,6 +58,6 @@ def after_import(name: str, fn: Callable[[ModuleType], None]) -> None:
     if name in sys.modules:
         fn(sys.modules[name])
         return
-    _FINDER.hooks[name] = fn
+    _FINDER.hooks.setdefault(name, []).append(fn)      # several takeovers may wait for one module
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)

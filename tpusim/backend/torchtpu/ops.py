@@ -36,6 +36,7 @@ import math
 
 import torch
 
+from tpusim.backend.import_hooks import after_import
 from tpusim.backend.targets import flush_pending
 from tpusim.backend.torchtpu import unsupported
 from tpusim.errors import TpusimError
@@ -148,6 +149,18 @@ def splash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale
 
 
 splash_sdpa = splash_attention
+
+
+def _traceable_by_dynamo(dynamo: object) -> None:
+    """Dynamo skips tpusim's files (tpusim/backend/compile.py), so a compiled layer calling a kernel here would
+    break its graph (fullgraph=True fails): once Dynamo is imported, the public wrappers are the same functions
+    under its ``dont_skip_tracing``, and the graph holds the kernel's op."""
+    global splash_attention, splash_sdpa
+    splash_attention = splash_sdpa = dynamo.dont_skip_tracing(_splash_wrapper)
+
+
+_splash_wrapper = splash_attention
+after_import("torch._dynamo", _traceable_by_dynamo)
 
 
 # ---------------------------------------------------------------- ragged_dot (grouped matmul)

@@ -18,7 +18,8 @@ published configuration (``tpusim/validate/product.py`` says which flags each on
 recomputes the rest (the offloading policies of the Trillium recipes: their saved tensors go to host
 memory, so the TensorCore's work is the same as keeping them). ``--attention masked`` passes the causal
 mask as a tensor, so the flash kernel computes every block (MaxText's 2023 Pallas kernel, called with
-``causal=False``). ``--int8``: every projection matmul in int8
+``causal=False``). ``--compile none`` runs the whole step eagerly (the eager-mode recipes), ``blocks`` (the
+default) compiles each block. ``--int8``: every projection matmul in int8
 (``torch._int_mm``, per-row and per-channel scales, a straight-through backward), as AQT int8 training does.
 """
 
@@ -209,7 +210,8 @@ def parallelize(model: Decoder, mesh: object, args: argparse.Namespace) -> None:
     fsdp = mesh["fsdp"]
     for i, block in enumerate(model.blocks):
         block = model.blocks[i] = checkpointed(block, args)
-        block.compile(backend="tpu")
+        if args.compile == "blocks":
+            block.compile(backend="tpu")
         fully_shard(block, mesh=fsdp)
     fully_shard(model, mesh=fsdp)
     blocks = list(model.blocks)
@@ -232,6 +234,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (mesh dim 'tp')")
     parser.add_argument("--remat", choices=REMAT, default="full")
     parser.add_argument("--int8", action="store_true", help="int8 projection matmuls")
+    parser.add_argument("--compile", choices=("blocks", "none"), default="blocks",
+                        help="blocks: each block torch.compile'd (torchtitan's per-block compile); none: the whole "
+                             "step in the eager mode tpusim run prices (TorchTPU's DEFER_AND_FUSE eager recipes)")
     parser.add_argument("--steps", type=int, default=2)
     args = parser.parse_args()
     args.kv_heads = args.kv_heads or args.heads

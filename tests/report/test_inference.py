@@ -2,6 +2,7 @@
 report's serving numbers checked against closed forms: KV bytes per token = 2 x layers x kv_heads x head_dim x dtype
 bytes, the HBM roofline = (weights + KV cache) / HBM bandwidth, tokens/s = batch x decode steps / decode time."""
 
+import dataclasses
 import itertools
 import json
 import math
@@ -21,6 +22,7 @@ from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, summary_table
 from tpusim.report.html import render_html
 from tpusim.report.inference import find_phases
+from tpusim.report.text import seconds_text
 from tpusim.slice.topology import build_slice
 from tpusim.trace.records import PHASE_REASON, HostRecord, OpRecord, TensorMeta, Trace, renumber
 
@@ -153,7 +155,7 @@ def test_the_summary_and_page_speak_of_phases_not_missing_steps(inference_report
     assert "no steps marked" not in table
     assert f"prefill and {STEPS} decode steps of batch {BATCH} (detected)" in table.splitlines()[0]
     for label in ("TTFT (prefill)", f"TPOT median ({STEPS} steps)", "TPOT p90", "tokens/s per chip", "KV cache:",
-                  "fits: batch", "inference (strict): decode HBM-bound"):
+                  "fits: batch", "inference (strict): TTFT ", ": decode HBM-bound"):
         assert label in table
     page = render_html(inference_report, {})
     assert "<h2>Inference</h2>" in page and "TPOT median" in page
@@ -245,3 +247,53 @@ def test_a_decode_loop_without_collectives_reports_none_for_them(inference_repor
     assert mode.decode_collective_s is None and mode.decode_collective_share is None
     assert mode.decode_collective_latency_share is None
     assert "decode collectives" not in summary_table(inference_report, "out")
+
+
+def test_a_decode_loop_that_compiles_every_step_says_why_how_often_and_the_fix_in_every_mode():
+    """Issue 45: "decode compile-bound" beside "recompiles 0" named no cause. A cache grown by cat gives every token
+    step new shapes: in Strict a program compiles once per signature, so each step compiles one K/V cat (all 2 x LAYERS
+    share a shape), one bmm and the tokens' cat anew (the projection's shape repeats: a hit): 3; a static cache
+    compiles nothing after its first step."""
+    slice_ = build_slice("3d:1x1x1", "v5p")
+    trace = grown_cache_trace()
+    timelines = {mode: price(trace, topology=slice_, mode=mode) for mode in ("strict", "fused")}
+    report = build_report(RunInfo("generate.py"), trace, slice_, timelines)
+    strict, fused = report.inference.modes["strict"], report.inference.modes["fused"]
+    assert strict.decode_compiles_per_step == 3
+    for mode in (strict, fused):
+        assert mode.decode_compiles_per_step >= 1
+        assert "programs anew: new shapes each step (cat at generate.py:9 reads an input one longer along dim 1" \
+            in mode.verdict
+        assert "Fix: a static KV cache (preallocated, written in place) and the decode step under torch.compile" \
+            in mode.verdict
+    table = summary_table(report, "out").splitlines()
+    recompiles = next(line for line in table if line.startswith("recompiles"))
+    assert "0 (decode: 3/step)" in recompiles
+    assert next(line for line in table if line.startswith("decode compiles/step")).split()[-2] == "3"
+    verdicts = [line for line in table if line.startswith(("inference (", "verdict ("))]
+    assert verdicts[0].startswith(f"inference (strict): TTFT {seconds_text(strict.ttft_s)}, TPOT "
+                                  f"{seconds_text(strict.tpot_median_s)}: decode ")
+    assert not any("no steps marked" in line for line in verdicts)
+    page = render_html(report, {})
+    assert "<div class='card'>TTFT (prefill)<b>" in page and "step time (steady median)" not in page
+    verdict = page.split("<p class='verdict'>")[1].split("</p>")[0]
+    assert f"TTFT {seconds_text(strict.ttft_s)}" in verdict or f"TTFT {seconds_text(fused.ttft_s)}" in verdict
+    static = build_report(RunInfo("serve.py"), decode_trace(), slice_,
+                          {"strict": price(decode_trace(), topology=slice_, mode="strict")}).inference.modes["strict"]
+    assert static.decode_compiles_per_step == 0 and "Fix:" not in static.verdict
+
+
+def test_a_cache_sliced_to_the_tokens_so_far_is_named_as_the_cause():
+    """Issue 45: attention over ``K[..., :pos]`` (a cache sliced, not grown by cat) has a query of fixed shape and a
+    K/V one token longer each step: the cause names that attention call and its line."""
+    from tpusim.report.inference import shape_cause
+
+    q = _t(1, (BATCH, HEADS, 1, HEAD_DIM))
+    kv = [(_t(2, (BATCH, HEADS, PROMPT + step, HEAD_DIM)), _t(3, (BATCH, HEADS, PROMPT + step, HEAD_DIM)))
+          for step in range(5)]
+    records = [OpRecord(0, "aten::_scaled_dot_product_fused_attention_overrideable", "mxu", "bfloat16", (q, k, v),
+                        (q,), source="decode.py:14") for k, v in kv]
+    assert shape_cause(renumber(records)) == ("_scaled_dot_product_fused_attention_overrideable at decode.py:14 reads "
+                                              "a K one longer along dim 2 each step")
+    fixed = [dataclasses.replace(r, inputs=(q, q, q)) for r in records]
+    assert shape_cause(renumber(fixed)) == ""

@@ -94,7 +94,7 @@ def test_compare_reads_a_version_2_report_and_says_its_median_meant_something_el
     from tpusim.report.load import load_report
     from tpusim.report.model import SCHEMA_VERSION
 
-    assert SCHEMA_VERSION >= 3                 # step_time_median_s and mfu: the steady state since version 3
+    assert SCHEMA_VERSION >= 3                 # step_time_median_s and hfu: the steady state since version 3
     trace = training_trace()
     slice_ = build_slice("3d:1x1x1")
     timelines = {"strict": price(trace, topology=slice_, mode="strict")}

@@ -2,6 +2,7 @@
 and written beside it, read back into it unchanged; report.html from an autoescaped Jinja2 template."""
 
 import json
+import re
 
 import pytest
 from factories import training_trace
@@ -64,6 +65,37 @@ def test_the_loader_refuses_what_the_schema_refuses_naming_the_path(written, tmp
     (tmp_path / "report.json").write_text(json.dumps(data))
     with pytest.raises(TpusimError, match="not a complete tpusim report: program is missing"):
         load_report(tmp_path)
+
+
+@pytest.mark.parametrize("path, value, expected", [
+    # issue 44, R39/W19: an integer past float's range raised OverflowError in math.isfinite (compare, sweep)
+    (("chip", "hbm_bytes_per_s"), 10**400, "a number too long"),
+    (("modes", "strict", "kernels"), 10**400, "a number too long"),   # any integer field, as the JSON is read
+    (("modes", "strict", "hbm", "peak_bytes"), -(10**400), "a number too long"),
+    # RC_neg_hbm: a negative or zero rate was accepted and divided by
+    (("chip", "hbm_bytes_per_s"), -1, "chip.hbm_bytes_per_s must be a finite number > 0, not -1"),
+    (("chip", "peak_bf16_flops_per_s"), 0, "chip.peak_bf16_flops_per_s must be a finite number > 0, not 0"),
+], ids=["huge-rate", "huge-count", "huge-negative", "negative-rate", "zero-peak"])
+def test_a_number_no_reader_can_use_is_refused_in_one_line(written, tmp_path, path, value, expected):
+    _, out = written
+    data = json.loads((out / "report.json").read_text())
+    part = data
+    for key in path[:-1]:
+        part = part[key]
+    part[path[-1]] = value
+    (tmp_path / "report.json").write_text(json.dumps(data))
+    with pytest.raises(TpusimError, match=re.escape(expected)):
+        load_report(tmp_path)
+
+
+def test_the_schema_refuses_a_number_past_float_range_given_as_data(written, tmp_path):
+    from tpusim.report.load import check_report
+
+    _, out = written
+    data = json.loads((out / "report.json").read_text())
+    data["modes"]["strict"]["hbm"]["peak_bytes"] = 10**400
+    with pytest.raises(TpusimError, match=re.escape("modes.strict.hbm.peak_bytes must be a number within +-1.8e308")):
+        check_report(data, tmp_path / "report.json")
 
 
 def test_the_page_escapes_what_the_report_holds(written):

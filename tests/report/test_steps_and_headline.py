@@ -98,7 +98,7 @@ def test_headline_numbers_follow_from_the_steady_step():
     flops = 2 * 64 * 128 * 64 + 8 * 64 * 64                 # one step of training_trace: mm + gelu
     assert head.flops_per_step_per_chip == pytest.approx(flops)
     assert head.tflops_per_s_per_chip == pytest.approx(flops / step / 1e12, rel=1e-6)
-    assert head.mfu == pytest.approx(flops / step / slice_.chip.peak_bf16_flops_per_s, rel=1e-6)
+    assert head.hfu == pytest.approx(flops / step / slice_.chip.peak_bf16_flops_per_s, rel=1e-6)
     assert head.tokens_per_s_per_slice == pytest.approx(4096 / step, rel=1e-6)
     assert head.tokens_per_s_per_chip == head.tokens_per_s_per_slice        # one chip
     # a few tiny ops: the device waits for the host; the sync in the loop is the lever
@@ -118,7 +118,7 @@ def test_model_flops_utilisation_is_six_parameters_tokens_over_the_step_and_hfu_
     assert head.model_flops_per_step_per_chip == 6 * 10_000 * 4096
     assert head.model_flops_utilisation == pytest.approx(
         6 * 10_000 * 4096 / head.step_s / slice_.chip.peak_bf16_flops_per_s, rel=1e-6)
-    assert head.mfu == pytest.approx(head.flops_per_step_per_chip / head.step_s / slice_.chip.peak_bf16_flops_per_s)
+    assert head.hfu == pytest.approx(head.flops_per_step_per_chip / head.step_s / slice_.chip.peak_bf16_flops_per_s)
     assert "MFU (6 x params x tokens)" in summary_table(report, "out")
     without = build_report(RunInfo("model.py"), trace, slice_, timelines, [])   # no tokens per step: no MFU
     assert without.modes["strict"].headline.model_flops_utilisation is None

@@ -24,9 +24,10 @@ from tpusim.report.perfetto import perfetto_trace
 from tpusim.report.schema import Report, json_schema, report_json
 from tpusim.report.summary import summary_table
 
-# What a run writes into its report folder (a rerun removes an earlier run's set first: tpusim/output.py).
+# What a run writes into its report folder (a rerun replaces only those an earlier run listed: tpusim/output.py).
 # Adding a file a run writes = one name here.
-RUN_FILES = ("report.json", "report.schema.json", "report.html", "trace.json", "program.jsonl")
+PRICING_ERROR = "pricing-error.txt"    # where pricing failed, with the traceback (the recording is kept)
+RUN_FILES = ("report.json", "report.schema.json", "report.html", "trace.json", "program.jsonl", PRICING_ERROR)
 RUN_FOLDERS = ("ranks",)        # --ranks all: each rank's trace
 
 
@@ -37,7 +38,8 @@ def run_files() -> tuple[str, ...]:
     return (*RUN_FILES, *(f"{name}.png" for name in FIGURES))
 
 
-__all__ = ["RUN_FILES", "RUN_FOLDERS", "run_files", "READ_VERSIONS", "Interrupted", "Measured", "Report", "RunInfo",
+__all__ = ["PRICING_ERROR", "RUN_FILES", "RUN_FOLDERS", "run_files", "READ_VERSIONS", "Interrupted", "Measured",
+           "Report", "RunInfo",
            "build_report", "incomplete_reason",
            "json_schema", "load_report", "measured_section", "report_json", "summary_table", "write_atomic",
            "write_report"]

@@ -6,7 +6,7 @@ computed from the Timeline in one place (report.json ``modes.<mode>.headline``) 
 - tokens/s per slice and per chip: only when the tokens per step are known (``tpusim run
   --tokens-per-step N``, the global batch x sequence length); else None, never a guess.
 - TFLOP/s per chip: the FLOPs of the ops that ran in the steady-state steps over their time.
-- HFU (hardware FLOPs utilisation; the ``mfu`` key, as reports have always named it): those FLOPs, every
+- HFU (hardware FLOPs utilisation; the ``hfu`` key, ``mfu`` before report version 6): those FLOPs, every
   one the chip ran (recomputation included), over what the chip could do at the peak of the dtypes actually
   used (each op's FLOPs at its own dtype's MXU peak: bf16, f32, int8, fp8; dtypes without an MXU rate at
   bf16's).
@@ -114,8 +114,8 @@ def headline(timeline: Timeline, trace: Trace, chip: ChipSpec, steps: Steps, ste
         "tokens_per_s_per_chip": tokens_per_step / step_s / world_size if tokens_per_step and step_s else None,
         "flops_per_step_per_chip": flops,
         "tflops_per_s_per_chip": flops / seconds / 1e12 if seconds else 0.0,
-        "mfu": flops / (seconds * peak) if seconds else 0.0,
-        "mfu_peak_flops_per_s": peak,
+        "hfu": flops / (seconds * peak) if seconds else 0.0,
+        "peak_flops_per_s": peak,
         "model_flops_per_step_per_chip": model_flops,
         "model_flops_utilisation": model_flops / (seconds * peak) if model_flops and seconds else None,
         "flops_by_dtype": dtypes,

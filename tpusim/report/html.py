@@ -18,9 +18,9 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
 from tpusim.report.model import incomplete_reason
-from tpusim.report.schema import Headline, MeasuredSection, ModeSection, Report
-from tpusim.report.summary import budget_line, inference_lines, mode_rows, recorded_prefix, warmup_lines
-from tpusim.report.text import percent_text, seconds_text, tflops_text
+from tpusim.report.schema import Headline, InferenceMode, MeasuredSection, ModeSection, Report
+from tpusim.report.summary import budget_line, inference_lines, mode_rows, recorded_prefix, serving_head, warmup_lines
+from tpusim.report.text import HFU_LABEL, MFU_LABEL, percent_text, seconds_text, tflops_text
 from tpusim.units import format_bytes
 
 STYLE = """
@@ -54,13 +54,33 @@ def headline_cards(mode: ModeSection, name: str) -> list[tuple[str, str]]:
         cards += [("tokens/s per chip", f"{head.tokens_per_s_per_chip:,.0f}"),
                   ("tokens/s per slice", f"{head.tokens_per_s_per_slice:,.0f}")]
     cards += [("TFLOP/s per chip", tflops_text(head.tflops_per_s_per_chip)),
-              ("HFU (every FLOP run)", percent_text(mode.mfu)),
-              *([("MFU (6 x params x tokens)", percent_text(head.model_flops_utilisation))]
+              (HFU_LABEL, percent_text(mode.hfu)),
+              *([(MFU_LABEL, percent_text(head.model_flops_utilisation))]
                 if head.model_flops_utilisation is not None else []),
               ("HBM peak", f"{format_bytes(mode.hbm.peak_bytes)} of {format_bytes(mode.hbm.capacity_bytes)}"),
               ("exposed communication", percent_text(head.exposed_comm_share)),
               ("bound by", head.bound or "-")]
     return cards
+
+
+def _serving(report: Report, best: str | None) -> InferenceMode | None:
+    """The best mode's serving numbers when the program is an inference one that marked no training steps."""
+    inference, mode = report.inference, report.modes.get(best) if best else None
+    if inference is None or mode is None or best not in inference.modes or (mode.steps and mode.steps.count):
+        return None
+    return inference.modes[best]
+
+
+def serving_cards(serving: InferenceMode) -> list[tuple[str, str]]:
+    """TTFT, TPOT and tokens/s: the headline of an inference program (in place of "step time: no steps marked")."""
+    return [("TTFT (prefill)", seconds_text(serving.ttft_s)), ("TPOT median", seconds_text(serving.tpot_median_s)),
+            *([("tokens/s per chip", f"{serving.tokens_per_s_per_chip:,.0f}")]
+              if serving.tokens_per_s_per_chip is not None else [])]
+
+
+def serving_verdict(serving: InferenceMode) -> str:
+    """The decode verdict, led by TTFT and TPOT (the summary's inference line says the same)."""
+    return f"{serving_head(serving)}: {serving.verdict}"
 
 
 def collective_groups(mode: ModeSection, ranks: int = 1) -> dict[str, Any] | None:
@@ -133,7 +153,12 @@ def render_html(report: Report, figures: dict[str, Path]) -> str:
              ("chips", str(report.slice.chips))]
     best = min(modes, key=lambda m: modes[m].time_s) if modes else None
     summary = modes[best] if best else None
-    if summary is not None:
+    serving = _serving(report, best)
+    verdict = summary.headline.verdict if summary is not None and summary.headline else None
+    if serving is not None:                  # an inference program leads with what a serving engineer came for
+        cards += serving_cards(serving) + headline_cards(summary, str(best))[1:]
+        verdict = serving_verdict(serving)
+    elif summary is not None:
         cards += headline_cards(summary, str(best))
     names = list(modes)
     placements = report.placements
@@ -142,7 +167,7 @@ def render_html(report: Report, figures: dict[str, Path]) -> str:
         "incomplete": incomplete_reason(report), "traceback": report.error.traceback if report.error else None,
         "budget": budget_line(report),              # the record budget (TPUSIM_MAX_RECORDS, --max-records)
         "shape_note": report.slice.shape_note,
-        "verdict": summary.headline.verdict if summary is not None and summary.headline else None,
+        "verdict": verdict,
         "warmup": warmup_lines(modes), "warnings": report.warnings,
         "mode_headers": ["", *names],
         "mode_table": [[label, *values] for label, values in mode_rows(modes, names, recorded_prefix(report),

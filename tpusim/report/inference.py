@@ -47,7 +47,7 @@ from tpusim.hardware.spec import ChipSpec
 from tpusim.pricing.plan import rank_records
 from tpusim.pricing.timeline import Timeline
 from tpusim.pricing.tokens import token_steps
-from tpusim.report.fused_lint import growing_op, has_backward
+from tpusim.report.fused_lint import growing_op, grown_dim, has_backward
 from tpusim.report.headline import headline
 from tpusim.report.steps import Steps
 from tpusim.report.text import seconds_text
@@ -343,8 +343,9 @@ DeviceSplit = Callable[[Timeline, float, float, int], dict[str, float]]
 
 
 def mode_section(timeline: Timeline, trace: Trace, chip: ChipSpec, phases: Phases, fp: Footprint, world_size: int,
-                 device_split: DeviceSplit) -> dict[str, Any] | None:
-    """One mode's inference numbers (module docstring); None when no decode step ran any device work."""
+                 device_split: DeviceSplit, cause: str = "") -> dict[str, Any] | None:
+    """One mode's inference numbers (module docstring); None when no decode step ran any device work. ``cause``:
+    why the decode steps' shapes change (``shape_cause``), named when they compile every step."""
     first_chip = timeline.chips_simulated[0] if timeline.chips_simulated else 0
     tokens = token_steps(timeline, phases.prefill, phases.decode, first_chip)
     if tokens is None:
@@ -365,10 +366,12 @@ def mode_section(timeline: Timeline, trace: Trace, chip: ChipSpec, phases: Phase
     ratio = tpot / roofline if roofline else None
     collectives = _decode_collectives(timeline, phases.decode[1:] or phases.decode, first_chip, warm, previous,
                                       len(steady), tpot, device_split)
+    compiles = decode_compiles_per_step(timeline, phases.decode, first_chip)
     line = (f"decode {decode['bound'] or 'idle'}-bound; a token step takes {seconds_text(tpot)}, "
             + (f"{ratio:.3g}x the HBM roofline of reading the weights ({format_bytes(fp.weights_bytes)}) and the KV "
                f"cache ({format_bytes(fp.kv_bytes)}) once at {chip.hbm_bytes_per_s / 1e9:,.0f} GB/s "
-               f"({seconds_text(roofline)})" if ratio else "no weights or KV cache found to set a roofline"))
+               f"({seconds_text(roofline)})" if ratio else "no weights or KV cache found to set a roofline")
+            + recompiling_words(compiles, cause))
     return {
         "ttft_s": prefill[1] - prefill[0] if prefill else None,
         "tpot_median_s": tpot,
@@ -381,9 +384,68 @@ def mode_section(timeline: Timeline, trace: Trace, chip: ChipSpec, phases: Phase
         "roofline_ratio": ratio,
         "prefill": pre,
         "decode": decode,
+        "decode_compiles_per_step": compiles,
         "verdict": line,
         **collectives,
     }
+
+
+def decode_compiles_per_step(timeline: Timeline, spans: Sequence[Span], chip: int) -> float | None:
+    """Compile-cache misses per token step after the first (which compiles what the loop runs: warm-up); None with
+    a single step. A decode loop whose shapes stay the same compiles none; one whose shapes grow compiles every step,
+    in every mode (Strict: each op's program; Fused: each cluster), with no recompile at a marked step to count it."""
+    steady = spans[1:]
+    if not steady:
+        return None
+    index = span_index(steady)
+    found = sum(1 for e in timeline.events if e.kind == "compile" and e.chip == chip and index(e.seq) is not None)
+    return found / len(steady)
+
+
+def shape_cause(records: Sequence[Record]) -> str:
+    """Why a decode step's shapes differ from the last one's, in words: the op whose input grows by one each step
+    (fused_lint's ``growing_op``: a cache grown by ``cat`` or attention over a longer slice of one), else ""."""
+    growth = growing_op(records)
+    if growth is not None:
+        _, op, dim = growth
+        return f"{base_name(op.op)} at {op.source} reads an input one longer along dim {dim} each step"
+    return _growing_key_or_value(records)
+
+
+def _growing_key_or_value(records: Sequence[Record]) -> str:
+    """An attention call whose K or V (inputs 1 and 2: a cache sliced to the tokens so far, ``K[..., :pos]``)
+    grows by one along one dim from one call at its line to the next, ``MIN_DETECTED_STEPS`` times in a row."""
+    last: dict[tuple[str, int], tuple[tuple[int, ...], int, int]] = {}    # (line, input) -> (shape, dim, run)
+    for rec in records:
+        if not isinstance(rec, OpRecord) or rec.program or rec.family != Family.ATTENTION:
+            continue
+        for i, meta in enumerate(rec.inputs[1:3], 1):
+            shape, dim, run = last.get((rec.source, i), ((), -1, 0))
+            if meta.shape == shape:
+                continue
+            grown = grown_dim(shape, meta.shape) if shape else None
+            if grown is None:
+                run, dim = 0, -1
+            elif grown == dim:
+                run += 1
+            else:
+                run, dim = 1, grown
+            last[(rec.source, i)] = (meta.shape, dim, run)
+            if run >= MIN_DETECTED_STEPS:
+                return (f"{base_name(rec.op)} at {rec.source} reads a {'KV'[i - 1]} one longer along dim {dim} "
+                        f"each step")
+    return ""
+
+
+def recompiling_words(per_step: float | None, cause: str) -> str:
+    """The verdict's clause for a decode loop that compiles every token step: the cause, the count, the fix (in every
+    mode: Strict compiles each op anew, Fused each cluster); "" when the steps after the first compile nothing."""
+    if not per_step or per_step < 1:
+        return ""
+    return (f"; every token step compiles {per_step:.3g} programs anew: new shapes each step"
+            + (f" ({cause})" if cause else "")
+            + ". Fix: a static KV cache (preallocated, written in place) and the decode step under torch.compile: one "
+              "program for every step (docs/inference.md, the Fused eager decode trap)")
 
 
 def _decode_collectives(timeline: Timeline, spans: Sequence[Span], chip: int, start: float, end: float, count: int,
@@ -411,7 +473,7 @@ def _phase(timeline: Timeline, trace: Trace, chip: ChipSpec, start: float, end: 
     chips = max(1, len(timeline.chips_simulated))
     moved = sum(e.bytes for e in timeline.events if e.kind == "op" and start <= e.start_s < end) / chips
     span = end - start
-    return {"time_s": span, "mxu_utilisation": head["mfu"], "hbm_utilisation":
+    return {"time_s": span, "hfu": head["hfu"], "hbm_utilisation":
             moved / (span * chip.hbm_bytes_per_s) if span else 0.0, "bound": head["bound"],
             "bound_shares": head["bound_shares"], "verdict": head["verdict"]}
 
@@ -426,8 +488,10 @@ def inference_section(trace: Trace, timelines: dict[str, Timeline], chip: ChipSp
     fp = footprint(records, phases)
     if not phases.batch:        # marked phases whose attention is written as matmuls: the cache's sequences
         phases = dataclasses.replace(phases, batch=fp.kv_batch or 1)
+    cause = shape_cause(records)
     modes = {name: section for name, timeline in timelines.items()
-             if (section := mode_section(timeline, trace, chip, phases, fp, world_size, device_split)) is not None}
+             if (section := mode_section(timeline, trace, chip, phases, fp, world_size, device_split, cause))
+             is not None}
     kv = None
     if fp.kv_tensors:
         kv = {"bytes": fp.kv_bytes, "bytes_per_sequence": fp.kv_bytes / phases.batch,

@@ -9,8 +9,9 @@ Versions read: ``READ_VERSIONS``. Version 1 lacks ``exit_code`` and ``interrupte
 and 2 took ``step_time_median_s`` (and ``mfu``) over every step after the first, warm-up compiles included,
 where version 3 takes the steady state (``median_meaning`` says which, and ``tpusim compare`` notes a mixed pair);
 versions 1-3 wrote the whole program's time as ``step_time_median_s`` of a script that marked no steps, read
-here as null, as version 4 writes it. Version 5 adds ``inference`` (null in older ones). Everything else a
-reader needs is the same.
+here as null, as version 4 writes it. Version 5 adds ``inference`` (null in older ones). Versions 1-5 named HFU
+``mfu`` (and an inference phase's ``mxu_utilisation``), and the headline's peak ``mfu_peak_flops_per_s``: read here
+under version 6's names (``HFU_SINCE``). Everything else a reader needs is the same.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from tpusim.errors import TpusimError, shown
 from tpusim.report.model import SCHEMA, SCHEMA_VERSION
 from tpusim.report.schema import Report
 
-READ_VERSIONS = (1, 2, 3, 4, SCHEMA_VERSION)
+READ_VERSIONS = (1, 2, 3, 4, 5, SCHEMA_VERSION)
+HFU_SINCE = 6               # the first version that names HFU ``hfu`` (older: ``mfu``, a field that held HFU)
 NO_STEPS_NULL_SINCE = 4     # the first version that writes no step time for a script without steps
 STEADY_MEDIAN_SINCE = 3     # the first version whose step_time_median_s leaves warm-up steps out
 
@@ -71,6 +73,8 @@ def check_report(report: Any, file: Path) -> Report:
                     " (written by an older tpusim: run the script again to write a new one)")
         raise TpusimError(f"{file}: report schema version {shown(version, 40)} is not one this tpusim reads "
                           f"(it reads versions {', '.join(map(str, READ_VERSIONS))}){hint}")
+    if version < HFU_SINCE:
+        report = hfu_named(report)
     try:
         checked = Report.model_validate(report)
     except ValidationError as error:
@@ -82,10 +86,50 @@ def check_report(report: Any, file: Path) -> Report:
     return checked
 
 
+def _renamed(part: Any, names: dict[str, str]) -> Any:
+    """``part`` with each old key in ``names`` under its new name (an object; anything else as it is)."""
+    if not isinstance(part, dict):
+        return part
+    return {names.get(key, key) if names.get(key) not in part else key: value for key, value in part.items()}
+
+
+def hfu_named(report: dict[str, Any]) -> dict[str, Any]:
+    """A report of version 1-5 with its utilisation fields under version 6's names: ``mfu`` held HFU (every FLOP
+    run over the peak), so it is read as ``hfu``, never as the model FLOPs utilisation MFU means."""
+    modes = report.get("modes")
+    if isinstance(modes, dict):
+        modes = {name: _mode_hfu_named(mode) for name, mode in modes.items()}
+        report = {**report, "modes": modes}
+    inference = report.get("inference")
+    if isinstance(inference, dict) and isinstance(inference.get("modes"), dict):
+        phases = {"prefill", "decode"}
+        served = {name: {key: _renamed(value, {"mxu_utilisation": "hfu"}) if key in phases else value
+                         for key, value in mode.items()} if isinstance(mode, dict) else mode
+                  for name, mode in inference["modes"].items()}
+        report = {**report, "inference": {**inference, "modes": served}}
+    return report
+
+
+def _mode_hfu_named(mode: Any) -> Any:
+    mode = _renamed(mode, {"mfu": "hfu"})
+    if isinstance(mode, dict) and isinstance(mode.get("headline"), dict):
+        mode = {**mode, "headline": _renamed(mode["headline"], {"mfu": "hfu", "mfu_peak_flops_per_s":
+                                                                "peak_flops_per_s"})}
+    return mode
+
+
 def report_file(path: str | Path) -> Path:
     """The report.json a user named: the file itself, or the one in the folder given."""
     given = Path(path)
     return given if given.suffix == ".json" else given / "report.json"
+
+
+def _whole_number(text: str) -> int:
+    """A JSON integer; one past float's range (a 401-digit "count") is refused as too long: every reader of a
+    report divides by its numbers as floats (compare, sweep: OverflowError, issue 44)."""
+    if len(text.lstrip("-")) > 308:
+        raise ValueError(text)
+    return int(text)
 
 
 def load_report(path: str | Path) -> tuple[Report, Path]:
@@ -102,7 +146,7 @@ def load_report(path: str | Path) -> tuple[Report, Path]:
     except OSError as error:
         raise TpusimError(f"{file}: cannot read: {error.strerror or error}") from None
     try:
-        report = json.loads(text)
+        report = json.loads(text, parse_int=_whole_number)
     except json.JSONDecodeError as error:
         raise TpusimError(f"{file}: not valid JSON ({error.msg} at line {error.lineno}); a report.json "
                           f"written by `tpusim run` is whole JSON") from None

@@ -10,15 +10,17 @@ The same inputs give a byte-identical file: no wall-clock times (except in ``mea
 only --target pjrt writes), sorted keys, floats rounded to 9 significant digits, lists in a
 defined order.
 
-Schema ``tpusim-report`` version 5. Version 5 adds ``inference`` (null for a program without decode steps).
-Version 4: ``step_time_median_s`` is null when the script marks no steps
+Schema ``tpusim-report`` version 6. Version 6 names each utilisation for what it holds: ``hfu`` (modes.<mode>,
+headline, an inference phase's; ``mfu`` in older versions, and ``mxu_utilisation`` in a phase) and the headline's
+``peak_flops_per_s`` (was ``mfu_peak_flops_per_s``). Version 5 adds ``inference`` (null for a program without decode
+steps). Version 4: ``step_time_median_s`` is null when the script marks no steps
 (earlier versions wrote the whole program's time there). Version 3: ``step_time_median_s`` and ``mfu`` are the
 steady state's (warm-up steps that compiled are left out: ``steps``); in version 2 the median took every step after the
 first, warm-up compiles included. Version 1 also lacked ``exit_code`` and ``interrupted`` and read
-``complete: true`` after ``sys.exit(3)``. ``tpusim.report.load`` reads all five; ``tpusim compare`` says
+``complete: true`` after ``sys.exit(3)``. ``tpusim.report.load`` reads all six; ``tpusim compare`` says
 when it compares a version 3 or 4 report with an older one::
 
-    schema, version            "tpusim-report", 5
+    schema, version            "tpusim-report", 6
     complete                   true only when the script ran to its end with exit status 0, nothing
                                was interrupted and every mode asked for was priced
     error                      {type, traceback} when the script raised, else null
@@ -53,7 +55,7 @@ when it compares a version 3 or 4 report with an older one::
                                is then the only time: no step time is made up)
       headline                 the steady-state step's numbers (tpusim/report/headline.py): step_s,
                                tokens_per_step, tokens_per_s_per_slice/_per_chip (null unless given),
-                               flops_per_step_per_chip, tflops_per_s_per_chip, mfu, mfu_peak_flops_per_s,
+                               flops_per_step_per_chip, tflops_per_s_per_chip, hfu, peak_flops_per_s,
                                flops_by_dtype, hbm_peak_bytes/_fraction, exposed_comm_share, bound,
                                bound_shares, verdict, levers (lint codes that would move the bound)
       device_s                 device timeline split: mxu, vpu, transcendental, hbm, sparsecore,
@@ -65,8 +67,10 @@ when it compares a version 3 or 4 report with an older one::
                                debug's result read-back), stall, transfer, compile (cache misses)
       collective_overlapped_s  collective time hidden under compute
       mxu_utilisation          useful MXU FLOPs / (time in MXU kernels x each kernel's dtype peak)
-      mfu                      headline.mfu: the steady step's FLOPs / (its time x the FLOP-weighted MXU
-                               peak of the dtypes the matmuls used)
+      hfu                      headline.hfu, hardware FLOPs utilisation (``mfu`` before version 6): the steady
+                               step's FLOPs, every one run, / (its time x the FLOP-weighted MXU peak of the
+                               dtypes the matmuls used); MFU (6 x params x tokens) is headline's
+                               model_flops_utilisation
       kernels                  kernels launched (per rank)
       hbm_bytes_moved          HBM bytes read + written by all kernels (fused: only values that
                                enter or leave a kernel)
@@ -109,7 +113,7 @@ when it compares a version 3 or 4 report with an older one::
                                context, dtype, tensors, static}, fits {hbm_bytes, needed_bytes, fits, batch,
                                context, max_batch_at_context, max_context_at_batch, line}, modes.<mode> {ttft_s,
                                tpot_median_s, tpot_p90_s, decode_steps_s, decode_s, tokens_per_s_per_chip/_slice,
-                               roofline_step_s, roofline_ratio, prefill and decode {time_s, mxu_utilisation,
+                               roofline_step_s, roofline_ratio, prefill and decode {time_s, hfu,
                                hbm_utilisation, bound, bound_shares, verdict}, verdict}
     measured                   (--target pjrt only; wall-clock times, so they differ run to run) the script run
                                for real through JAX, one fresh process per mode (tpusim/report/measured.py):
@@ -156,7 +160,7 @@ from tpusim.trace.records import CollectiveRecord, HostRecord, OpRecord, StepMar
 from tpusim.xla.programs import XlaEstimates
 
 SCHEMA = "tpusim-report"
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 TOP_OPS = 20
 RECOMPILES_LISTED = 20
 DEVICE_TERMS = ("mxu", "vpu", "transcendental", "hbm", "sparsecore", "launch")
@@ -343,7 +347,7 @@ def mode_report(timeline: Timeline, trace: Trace, slice_: Slice, tokens_per_step
                    "transfer": timeline.host_transfer_s / chips, "compile": timeline.host_compile_s / chips},
         "collective_overlapped_s": resolved(max(0.0, timeline.collective_s - exposed), timeline.collective_s),
         "mxu_utilisation": mxu_utilisation(timeline, chip),
-        "mfu": head["mfu"],
+        "hfu": head["hfu"],
         "kernels": timeline.kernels // chips,
         "hbm_bytes_moved": timeline.hbm_bytes_moved,
         "compile_cache": compile_cache(timeline, trace),

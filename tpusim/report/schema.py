@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, PlainValidator, WithJsonSchema
@@ -23,13 +24,24 @@ from pydantic_core import PydanticCustomError
 def _number(value: Any) -> int | float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise PydanticCustomError("number", "a number")
+    if isinstance(value, int) and abs(value) > _FLOAT_MAX:      # every reader turns it into a float
+        raise PydanticCustomError("number", "a number within +-1.8e308")
     return value
 
 
 def _finite(value: Any) -> int | float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not math.isfinite(_number(value)):
         raise PydanticCustomError("finite", "a finite number")
     return value
+
+
+def _positive(value: Any) -> int | float:
+    if not _finite(value) > 0:
+        raise PydanticCustomError("positive", "a finite number > 0")
+    return value
+
+
+_FLOAT_MAX = int(sys.float_info.max)
 
 
 def _with_exposed(split: dict[str, Any]) -> dict[str, Any]:
@@ -40,6 +52,7 @@ def _with_exposed(split: dict[str, Any]) -> dict[str, Any]:
 
 Num = Annotated[int | float, PlainValidator(_number), WithJsonSchema({"type": "number"})]
 Finite = Annotated[int | float, PlainValidator(_finite), WithJsonSchema({"type": "number"})]
+Positive = Annotated[int | float, PlainValidator(_positive), WithJsonSchema({"type": "number", "exclusiveMinimum": 0})]
 Seconds = dict[str, Num]
 DeviceSeconds = Annotated[dict[str, Num], AfterValidator(_with_exposed), WithJsonSchema(
     {"type": "object", "additionalProperties": {"type": "number"}, "required": ["collective_exposed"]})]
@@ -102,8 +115,8 @@ class RunSection(Part):
 class ChipSection(Open):
     name: str
     display_name: str
-    peak_bf16_flops_per_s: Finite
-    hbm_bytes_per_s: Finite
+    peak_bf16_flops_per_s: Positive         # a chip's rates: what every time in the report divides by
+    hbm_bytes_per_s: Positive
     peak_flops_per_s: dict[str, Num] | None = None   # matmul peak per dtype class (bf16, f32, int8, fp8), as priced
     hbm_bytes: Num | None = None
     ici_link_bytes_per_s: Num | None = None
@@ -166,8 +179,8 @@ class Headline(Open):
     tokens_per_s_per_chip: Num | None = None
     flops_per_step_per_chip: Num | None = None
     tflops_per_s_per_chip: Num = 0.0
-    mfu: Num | None = None
-    mfu_peak_flops_per_s: Num | None = None
+    hfu: Num | None = None                  # hardware FLOPs utilisation: every FLOP run (version 6 on; was mfu)
+    peak_flops_per_s: Num | None = None     # the FLOP-weighted peak HFU and MFU divide by (was mfu_peak_...)
     model_flops_per_step_per_chip: Num | None = None
     model_flops_utilisation: Num | None = None
     flops_by_dtype: dict[str, Num] = {}
@@ -333,7 +346,7 @@ class ModeSection(Part):
     total_s: Finite
     step_time_median_s: Finite | None           # null: the script marked no steps (version 4 on)
     kernels: int
-    mfu: Finite
+    hfu: Finite                         # headline.hfu (version 6 on; older reports' mfu)
     host_s: HostSeconds
     device_s: DeviceSeconds             # by term; collective_exposed always there
     hbm: Hbm
@@ -443,7 +456,7 @@ class InferencePhase(Part):
     """inference.modes.<mode>.prefill / .decode: one phase's window (tpusim/report/inference.py)."""
 
     time_s: Num                         # the phase's time (decode: every step)
-    mxu_utilisation: Num                # the phase's FLOPs / (its time x the MXU peak of the dtypes used)
+    hfu: Num                            # the phase's FLOPs / (its time x the MXU peak of the dtypes used)
     hbm_utilisation: Num                # HBM bytes the phase's kernels moved / (its time x HBM bandwidth)
     bound: str | None                   # the headline's bound over the window (BOUNDS in report/headline.py)
     bound_shares: dict[str, Num]
@@ -455,6 +468,7 @@ class InferenceMode(Part):
 
     ttft_s: Num | None                  # time to first token: the prefill's time (null: no prefill found)
     tpot_median_s: Num                  # time per output token: median over the decode steps
+    decode_compiles_per_step: Num | None = None   # compile-cache misses per step after the first (version 6 on)
     tpot_p90_s: Num
     decode_steps_s: list[Num]
     decode_s: Num

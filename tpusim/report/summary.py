@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tpusim.report.model import incomplete_reason
 from tpusim.report.schema import CompileCache, Headline, InferenceMode, InferenceSection, ModeSection, Report, StepsInfo
-from tpusim.report.text import percent_text, seconds_text, tflops_text
+from tpusim.report.text import HFU_LABEL, MFU_LABEL, MXU_LABEL, percent_text, seconds_text, tflops_text
 from tpusim.units import format_bytes
 
 RECOMPILES_SHOWN = 5
@@ -76,9 +76,9 @@ def headline_rows(modes: Modes, names: list[str]) -> list[tuple[str, list[str]]]
         rows += [("tokens/s per slice", [_per_second(head[m].tokens_per_s_per_slice) for m in names]),
                  ("tokens/s per chip", [_per_second(head[m].tokens_per_s_per_chip) for m in names])]
     rows += [("TFLOP/s per chip", [tflops_text(head[m].tflops_per_s_per_chip) for m in names]),
-             ("HFU (every FLOP run)", [percent_text(modes[m].mfu) for m in names])]
+             (HFU_LABEL, [percent_text(modes[m].hfu) for m in names])]
     if any(h.model_flops_utilisation is not None for h in head.values()):
-        rows += [("MFU (6 x params x tokens)", [percent_text(head[m].model_flops_utilisation) for m in names])]
+        rows += [(MFU_LABEL, [percent_text(head[m].model_flops_utilisation) for m in names])]
     rows += [("exposed comm share", [percent_text(head[m].exposed_comm_share) for m in names]),
              ("bound by", [head[m].bound or "-" for m in names])]
     return rows
@@ -100,9 +100,11 @@ def inference_rows(inference: InferenceSection, names: list[str]) -> list[tuple[
         row("TPOT p90", lambda m: seconds_text(m.tpot_p90_s)),
         row("tokens/s per slice", lambda m: _per_second(m.tokens_per_s_per_slice)),
         row("tokens/s per chip", lambda m: _per_second(m.tokens_per_s_per_chip)),
-        row("decode MXU utilisation", lambda m: percent_text(m.decode.mxu_utilisation)),
+        row("decode HFU", lambda m: percent_text(m.decode.hfu)),
         row("decode HBM utilisation", lambda m: percent_text(m.decode.hbm_utilisation)),
         row("decode bound by", lambda m: m.decode.bound or "-"),
+        row("decode compiles/step", lambda m: "-" if m.decode_compiles_per_step is None
+            else f"{m.decode_compiles_per_step:.3g}"),
         row("TPOT / HBM roofline", lambda m: "-" if m.roofline_ratio is None else f"{m.roofline_ratio:.3g}x"),
     ]
 
@@ -118,10 +120,15 @@ def inference_lines(inference: InferenceSection | None) -> list[str]:
                      f"{format_bytes(kv.bytes_per_token)} per token; weights {format_bytes(inference.weights_bytes)}")
     if inference.fits:
         lines.append(f"fits: {inference.fits.line}")
-    lines += [f"inference ({name}): {mode.verdict}" for name, mode in inference.modes.items()]
+    lines += [f"inference ({name}): {serving_head(mode)}: {mode.verdict}" for name, mode in inference.modes.items()]
     lines += [f"inference ({name}): {line}" for name, mode in inference.modes.items()
               if (line := _collective_line(mode))]
     return lines
+
+
+def serving_head(mode: InferenceMode) -> str:
+    """What an inference verdict leads with: time to first token and per output token."""
+    return f"TTFT {seconds_text(mode.ttft_s)}, TPOT {seconds_text(mode.tpot_median_s)}"
 
 
 def _collective_line(mode: InferenceMode) -> str:
@@ -152,17 +159,53 @@ def mode_rows(modes: Modes, names: list[str], partial: bool = False,
         ("host stall", [seconds_text(modes[m].host_s.stall) for m in names]),
         ("host compile", [seconds_text(modes[m].host_s.compile) for m in names]),
         ("compile hits/misses", [f"{_cache(modes[m]).hits}/{_cache(modes[m]).misses}" for m in names]),
-        ("recompiles", [str(_cache(modes[m]).recompile_count) for m in names]),
+        ("recompiles", [_recompiles(modes[m], inference.modes.get(m) if inference else None) for m in names]),
         ("HBM bytes moved", [format_bytes(modes[m].hbm_bytes_moved) for m in names]),
         ("collectives exposed", [seconds_text(modes[m].device_s["collective_exposed"]) for m in names]),
         ("collectives hidden", [seconds_text(modes[m].collective_overlapped_s) for m in names]),
-        ("MXU utilisation", [percent_text(modes[m].mxu_utilisation) for m in names]),
+        (MXU_LABEL, [percent_text(modes[m].mxu_utilisation) for m in names]),
         ("HBM peak", [f"{format_bytes(modes[m].hbm.peak_bytes)} "
                       f"({percent_text(modes[m].hbm.peak_fraction)})" for m in names]),
     ]
 
 
+def _recompiles(mode: ModeSection, serving: InferenceMode | None) -> str:
+    """The recompiles of the step loop, and a decode loop's compiles per token step beside them: a decode loop marks
+    no steps, so its every-step compiles are no step-loop recompile, yet they are what bounds it."""
+    count = str(_cache(mode).recompile_count)
+    per_step = serving.decode_compiles_per_step if serving else None
+    return f"{count} (decode: {per_step:.3g}/step)" if per_step and per_step >= 1 else count
+
+
+def raised_lines(report: Report, out_dir: str) -> list[str]:
+    """A script that raised: what was priced of it, in a line, not the cost table (the traceback above is what
+    the reader needs; the few ops before the error are in the report)."""
+    modes = report.modes
+    priced = ", ".join(f"{name} {seconds_text(mode.total_s)}" for name, mode in modes.items()) or "no mode"
+    found = len(report.warnings)
+    return [f"tpusim: {report.run.script} on {report.run.topology} raised {report.error.type} after "
+            f"{report.program.ops} ops and {report.program.collectives} collectives; what ran before it priced: "
+            f"{priced}" + (f"; {found} warning{'s' if found != 1 else ''} in the report" if found else ""),
+            f"INCOMPLETE: {incomplete_reason(report)}; the report covers what ran before",
+            report_line(report, out_dir)]
+
+
+def _raised(report: Report) -> bool:
+    """The script raised (not Ctrl-C or a signal: a stopped run keeps its table of the steps so far)."""
+    stopped = report.interrupted is not None and report.interrupted.script
+    return report.error is not None and bool(report.error.type) and not stopped
+
+
+def report_line(report: Report, out_dir: str) -> str:
+    """Where the report is; trace.json only when a mode was priced (write_report writes none otherwise: a run
+    stopped before pricing said it had, issue 44 E01)."""
+    trace = "trace.json for ui.perfetto.dev" if report.modes else "no trace.json: no mode was priced"
+    return f"report: {out_dir}/report.html (report.json, {trace})"
+
+
 def summary_table(report: Report, out_dir: str) -> str:
+    if _raised(report):
+        return "\n".join(raised_lines(report, out_dir))
     run, modes = report.run, report.modes
     names = list(modes)
     rows = mode_rows(modes, names, recorded_prefix(report), report.inference)
@@ -186,8 +229,7 @@ def summary_table(report: Report, out_dir: str) -> str:
         lines.append(f"note: {note}")
     lines += _columns(names, rows) if names else ["no eager mode was priced"]
     lines += warmup_lines(modes)
-    lines += verdict_lines(modes)
-    lines += inference_lines(inference)
+    lines += lead_verdicts(modes, inference)
     lines += recompile_lines(modes)
     for warning in report.warnings:
         lines.append(f"warning: {warning.message}" + (f" ({warning.source})" if warning.source else ""))
@@ -195,7 +237,24 @@ def summary_table(report: Report, out_dir: str) -> str:
     if reason:
         lines.append(f"INCOMPLETE: {reason}; the report covers what ran before")
     lines += measured_lines(report)
-    lines.append(f"report: {out_dir}/report.html (report.json, trace.json for ui.perfetto.dev)")
+    lines.append(report_line(report, out_dir))
+    return "\n".join(lines)
+
+
+def verdict_summary(report: Report, out_dir: str) -> str:
+    """What ``tpusim check`` prints before its PASS/FAIL lines: the run's first line, each mode's verdict (and an
+    inference program's), how many warnings the report holds; the cost table is in the report."""
+    if _raised(report):
+        return "\n".join(raised_lines(report, out_dir))
+    table = summary_table(report, out_dir).splitlines()
+    lines = [table[0], *lead_verdicts(report.modes, report.inference)]
+    if report.warnings:
+        codes = sorted({w.code for w in report.warnings})
+        lines.append(f"{len(report.warnings)} warning{'s' if len(report.warnings) != 1 else ''} "
+                     f"({', '.join(codes)}): in the report; --fail-on CODE gates them")
+    if reason := incomplete_reason(report):
+        lines.append(f"INCOMPLETE: {reason}; the report covers what ran before")
+    lines.append(table[-1])
     return "\n".join(lines)
 
 
@@ -208,6 +267,17 @@ def warmup_lines(modes: Modes) -> list[str]:
             lines.append(f"warm-up ({name}): {steps.warmup} of {steps.count} steps left out of the median: "
                          f"{steps.reason}")
     return lines
+
+
+def lead_verdicts(modes: Modes, inference: InferenceSection | None) -> list[str]:
+    """The verdicts a reader reads first: an inference program's serving lines (TTFT, TPOT, what bounds a token step)
+    before the whole-program verdict, which is left out for a mode that has a decode verdict and marked no steps (the
+    whole program is the prefill, the decode loop and their compiles: the decode verdict says it better)."""
+    if inference is None:
+        return verdict_lines(modes)
+    served = {name: mode for name, mode in modes.items()
+              if name not in inference.modes or _steps(mode).count}
+    return [*inference_lines(inference), *verdict_lines(served)]
 
 
 def verdict_lines(modes: Modes) -> list[str]:

@@ -17,6 +17,12 @@ RELATIVE_RESOLUTION = 1e-9  # a difference under this fraction of what it was co
 SHARE_RESOLUTION = 1e-6     # a utilisation under 0.0001% (a toy program on a chip of hundreds of TFLOP/s) reads 0
 RATE_RESOLUTION = 1e-6      # TFLOP/s: under one MFLOP/s per chip reads 0
 
+# The utilisation labels, one meaning each, on every surface (summary, report.html, compare, sweep, check, the
+# pytest plugin): report.json's ``hfu``, headline ``model_flops_utilisation`` and ``mxu_utilisation``.
+HFU_LABEL = "HFU (every FLOP run)"
+MFU_LABEL = "MFU (6 x params x tokens)"
+MXU_LABEL = "MXU utilisation (matmuls)"   # over the time matmul kernels ran, not the step
+
 
 def resolved(value: float, scale: float = 0.0) -> float:
     """``value``, or 0.0 when it is below the resolution (absolute, or relative to ``scale``)."""

@@ -218,8 +218,17 @@ class RunReport:
         return self.report.modes[self.mode].hbm.peak_fraction
 
     @property
-    def mfu(self) -> float:
-        return self.report.modes[self.mode].mfu
+    def hfu(self) -> float:
+        """HFU (every FLOP run over the peak of the dtypes used): report.json's ``hfu``, as ``tpusim run`` labels
+        it."""
+        return self.report.modes[self.mode].hfu
+
+    @property
+    def mfu(self) -> float | None:
+        """MFU (6 x params x tokens over the same peak): None unless the tokens per step and an optimizer's
+        parameters are known (``--tokens-per-step``)."""
+        head = self.report.modes[self.mode].headline
+        return head.model_flops_utilisation if head else None
 
     @property
     def lint_codes(self) -> set[str]:

@@ -104,6 +104,17 @@ def test_an_unlowered_op_is_named_once_at_its_first_line() -> None:
     assert codes(Trace(renumber(without)), "torchtpu-op") == []
 
 
+
+def test_an_op_inside_a_compiled_graph_is_the_compilers() -> None:
+    """Issue 45: a torch.compile'd graph goes to the compiler, so its ops are never judged by the eager table."""
+    graph = [dataclasses.replace(op(name, "m.py:3"), program=1) for name in ("aten::embedding", "aten::clone")]
+    eager = [op("aten::embedding", "m.py:5"), op("aten::unique_dim", "m.py:6")]
+    assert not torchtpu.lowers("aten::embedding") and not torchtpu.lowers("aten::clone")
+    assert codes(Trace(renumber(graph)), "torchtpu-op") == []
+    found = codes(Trace(renumber(graph + eager)), "torchtpu-op")
+    assert [(w.source, w.message.split(" has ")[0]) for w in found] == [
+        ("m.py:5", "aten::embedding (1x)"), ("m.py:6", "aten::unique_dim (1x)")]
+
 # ---- attention that misses the flash kernel ----------------------------------------------------------------
 
 def attention(head: int, dtype: str = "bfloat16", rank: int = 4) -> Trace:
@@ -225,3 +236,17 @@ def test_tpusim_check_fails_on_an_unlowered_op_at_its_line(tmp_path: Path) -> No
                           timeout=600)
     assert done.returncode == 1, done.stderr
     assert "FAIL lint[torchtpu-op]: 1 torchtpu-op finding(s): gaps.py:4: aten::linalg_cholesky_ex (1x)" in done.stdout
+
+
+@pytest.mark.slow
+def test_tpusim_check_passes_a_compiled_model_whose_graph_has_ops_the_eager_table_lacks(tmp_path: Path) -> None:
+    """Issue 45: turning on torch.compile never fails ``check --fail-on torchtpu-op`` for the graph's ops."""
+    (tmp_path / "compiled.py").write_text(
+        "import torch\nfrom torch import nn\nmodel = nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 4)).to('tpu')\n"
+        "step = torch.compile(model)\nfor _ in range(2):\n"
+        "    step(torch.tensor([[1, 2, 3]], device='tpu')).sum().backward()\n")
+    done = subprocess.run([sys.executable, "-m", "tpusim", "check", "compiled.py", "--compiler", "model",
+                           "--fail-on", "torchtpu-op", "--out", "out"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASS lint[torchtpu-op]" in done.stdout

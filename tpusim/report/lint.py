@@ -251,11 +251,12 @@ def eager_graphs(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> lis
 def torchtpu_unlowered_ops(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
     """ATen ops TorchTPU has no lowering for (tpusim/report/torchtpu.py's table, counted from its source): tpusim
     ran them with CPU's kernels, TorchTPU raises NotImplementedError (or runs them on the host with its fallback
-    on). Once per op, at the first line that called it."""
+    on). Once per op, at the first line that called it. Only eager ops are judged: an op inside a torch.compile'd
+    graph (``program > 0``) goes to the compiler with its graph, never to TorchTPU's eager lowering table."""
     calls: Counter[str] = Counter()
     first: dict[str, str] = {}
     for op in trace.of_kind(OpRecord):
-        if not torchtpu.lowers(op.op):
+        if op.program == 0 and not torchtpu.lowers(op.op):
             calls[op.op] += 1
             first.setdefault(op.op, op.source)
     return [(f"{name} ({n}x) has no TorchTPU lowering: on TorchTPU this op fails (NotImplementedError), or falls "
@@ -265,19 +266,27 @@ def torchtpu_unlowered_ops(trace: Trace, chip: ChipSpec, timeline: Timeline | No
 
 
 def attention_off_flash(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:
-    """Attention calls whose shapes or dtype miss TorchTPU's fused flash-attention kernel (its conditions as data:
-    tpusim/report/data/torchtpu_attention.toml): TorchTPU runs them unfused, the scores through HBM. Once per line."""
+    """Attention calls whose shapes or dtype miss TorchTPU's fused flash-attention kernel (its chooser's conditions
+    as data: tpusim/report/data/torchtpu_attention.toml). An eager call takes the path that chooser takes
+    (tpusim/backend/csrc/attention.cpp), so the finding names it and says tpusim priced it there; a compiled
+    graph's attention tpusim prices as a flash kernel whatever its shapes, so there the finding says tpusim departs
+    from TorchTPU. Once per line."""
     conditions = torchtpu.flash_conditions()
-    found: dict[str, tuple[tuple[int, ...], str, list[str]]] = {}
+    found: dict[str, tuple[tuple[int, ...], str, list[str], bool]] = {}
     for op in trace.of_kind(OpRecord):
         if op.op in torchtpu.ATTENTION_FORWARD_OPS and len(op.inputs) >= 3 and op.source not in found:
             q, k, v = op.inputs[:3]
             reasons = conditions.misses(q.shape, k.shape, v.shape, q.dtype)
             if reasons:
-                found[op.source] = (q.shape, q.dtype, reasons)
+                compiled = op.program > 0 or op.op == "tpusim::attention"
+                found[op.source] = (q.shape, q.dtype, reasons, compiled)
     return [(f"scaled_dot_product_attention with query {shape} {dtype} misses TorchTPU's fused flash-attention "
-             f"kernel: {'; '.join(reasons)}; TorchTPU runs it unfused (scores through HBM)", source)
-            for source, (shape, dtype, reasons) in sorted(found.items())]
+             f"kernel: {'; '.join(reasons)}; "
+             + ("tpusim prices this compiled attention as a flash kernel, which TorchTPU would not take: the step "
+                "may be optimistic" if compiled else
+                "TorchTPU runs it on its StableHLO path (the whole score matrix through HBM, in float32 when "
+                "training), and tpusim prices it there"), source)
+            for source, (shape, dtype, reasons, compiled) in sorted(found.items())]
 
 
 def compile_under_inference_mode(trace: Trace, chip: ChipSpec, timeline: Timeline | None) -> list[Finding]:

@@ -33,6 +33,35 @@ def test_defaults_come_from_the_chip() -> None:
         (chip.chips_per_host, chip.hbm_bytes, True, "warn", "sim")
 
 
+
+@pytest.mark.parametrize(("chip", "topology", "devices"), [
+    ("v5p", (1, 1, 1), 1),          # one chip of one device: torch.tpu.device_count() was 4, a host's
+    ("v5e", (2, 2), 4),             # four chips, all on one host (a v5e host holds 8)
+    ("v5p", (4, 4, 4), 4),          # 64 chips over 16 hosts: a process sees its host's 4
+    ("v7", (1, 1, 1), 2),           # Ironwood: two devices per chip
+    ("v7", (2, 2, 2), 8),           # a host of 4 chips, 2 devices each
+])
+def test_a_process_sees_the_slices_devices_on_its_host(chip: str, topology: tuple[int, ...], devices: int) -> None:
+    """Issue 45: the device count is the slice's as a process sees it (JAX's local devices), not a whole host's."""
+    assert DeviceConfig(chip=load_chip(chip), topology=topology).device_count == devices
+
+
+def test_a_tpusim_run_on_one_chip_sees_one_device_and_tpu_1_is_invalid(tmp_path: Path) -> None:
+    """Issue 45: a script that sizes its work by device_count() gets the simulated slice's devices; tpu:N past
+    them raises as on CUDA."""
+    import subprocess
+    import sys
+
+    (tmp_path / "count.py").write_text(
+        "import torch\nprint('count', torch.tpu.device_count())\ntry:\n    torch.ones(1, device='tpu:1')\n"
+        "except RuntimeError as err:\n    print('raised', err)\n")
+    done = subprocess.run([sys.executable, "-m", "tpusim", "run", "count.py", "--topology", "3d:1x1x1", "--mode",
+                           "strict", "--compiler", "model", "--quiet", "--out", "out"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "count 1" in done.stdout
+    assert "raised tpusim: invalid device tpu:1 (invalid device ordinal): this process sees 1" in done.stdout
+
 @pytest.mark.parametrize(("field", "value", "accepted"), [
     ("device_count", 0, "1..64"), ("hbm_bytes", -5, "bytes >= 0"), ("f64", "bogus", "warn, error, allow"),
     ("target", "tpu", "sim, pjrt"), ("numerics", "off", "True or False")])

@@ -7,8 +7,10 @@ torchrun user sets environment variables instead, read once, at import, by ``loa
 
 TPUSIM_CHIP        chip generation simulated (a topologies/chips/*.toml name, or a TOML file's
                    path), default: the chip file marked ``default = true`` (v5p): gives the HBM
-                   capacity per device and the number of devices (chips per host)
-TPUSIM_DEVICES     number of tpu devices in this process, 1..64 (default: the chip's devices per host)
+                   capacity per device and the devices of a host (chips per host x devices per chip)
+TPUSIM_DEVICES     number of tpu devices in this process, 1..64 (default: this host's devices of the slice,
+                   TORCH_TPU_TOPOLOGY or tpusim run's --topology: its chips up to the chip's chips per host, x
+                   devices per chip; without a slice, the chip's devices per host)
 TPUSIM_HBM_BYTES   HBM capacity per device in bytes (default: the chip's per device; 0 = unlimited)
 TPUSIM_NUMERICS    "on" (default), "off" (also 1/0, true/false, yes/no: tpusim/envvars.py's ``yes_no``) or
                    "tpu": off is shape-only mode, no host memory, values unreadable; tpu computes f32
@@ -57,6 +59,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import warnings
 from collections.abc import Callable
@@ -84,7 +87,7 @@ class DeviceConfig:
     tpu_numerics: bool = False             # True: f32 contractions at a TPU's precision (backend/tpu_numerics.py)
     f64: str = "warn"                      # float64/complex policy (tpusim/backend/policy.py): F64_POLICIES
     device_count: int | None = None        # devices tpu:0..N-1 in this process; None: the visible devices,
-                                           # else the chip's devices per host
+                                           # else this host's devices of the slice (``host_devices``)
     hbm_bytes: int | None = None           # HBM capacity per device; None: the chip's per device; 0: unlimited
     target: str = "sim"                    # what computes op values: TARGETS
     eager_mode: str | None = None          # the eager mode to start in; None: as tpusim/eager/state.py has it
@@ -103,7 +106,7 @@ class DeviceConfig:
         if self.devices_per_host is None:
             object.__setattr__(self, "devices_per_host", self.chip.chips_per_host * per_chip)
         if self.device_count is None:
-            count = len(self.visible_devices) if self.visible_devices else self.devices_per_host
+            count = len(self.visible_devices) if self.visible_devices else self.host_devices()
             object.__setattr__(self, "device_count", min(count, MAX_DEVICES))
         if self.hbm_bytes is None:
             object.__setattr__(self, "hbm_bytes", self.chip.hbm_bytes // per_chip)
@@ -135,6 +138,16 @@ class DeviceConfig:
             raise TpusimError(f"DeviceConfig.device_count={self.device_count} but visible_devices="
                               f"{self.visible_devices!r} names {len(self.visible_devices)} devices; give one or the "
                               f"other (TPUSIM_DEVICES wins over TPU_VISIBLE_DEVICES in the environment)")
+
+    def host_devices(self) -> int:
+        """The devices a process sees with no TPU_VISIBLE_DEVICES: its host's, as JAX's ``local_devices()`` and
+        TorchTPU show them. A host of the slice holds the slice's chips up to the chip's chips per host (a
+        one-chip slice: one chip), each with its devices per chip; without a slice, a whole host."""
+        per_host = self.devices_per_host
+        slice_given = isinstance(self.topology, tuple) and all(_whole(n) and n >= 1 for n in self.topology)
+        if not slice_given or not _whole(per_host):
+            return per_host                      # no slice given (a bad value is refused by __post_init__'s checks)
+        return min(per_host, math.prod(self.topology) * self.chip.devices_per_chip)
 
     def to_json(self) -> str:
         """This config as JSON (the chip with every field), for ``from_json`` in another process."""
@@ -189,7 +202,8 @@ def _accelerator_type() -> tuple[ChipSpec, int] | None:
         return None
     name, _, cores = raw.rpartition("-")
     try:
-        if not name or not ascii_whole(cores) or int(cores) < 1:
+        if not name.isascii() or not name.isalnum() or not ascii_whole(cores) or int(cores) < 1:
+            # a type names a chip, never a file: "/etc/passwd-8" was read as a chip TOML (issue 44, NA3)
             raise TpusimError('accepted: a Cloud TPU accelerator type such as "v6e-8", "v5litepod-4" or "tpu7x-8"')
         chip = load_chip(name)
     except TpusimError as err:       # TorchTPU's variable, set for hardware: one tpusim lacks is not an error here

@@ -391,9 +391,10 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, Guard);
 
 void check_device_index(c10::DeviceIndex device) {
   TORCH_CHECK(device >= 0 && device < config().device_count, "tpusim: invalid device tpu:",
-              static_cast<int>(device), "; this host has ", static_cast<int>(config().device_count),
-              " simulated chips (tpu:0..tpu:", static_cast<int>(config().device_count) - 1,
-              "). Set TPUSIM_DEVICES to change the count.");
+              static_cast<int>(device), " (invalid device ordinal): this process sees ",
+              static_cast<int>(config().device_count), " simulated device(s), tpu:0..tpu:",
+              static_cast<int>(config().device_count) - 1,
+              ", the slice's devices on its host. Set TPUSIM_DEVICES to change the count.");
 }
 
 c10::DeviceIndex current_device() { return t_device; }

@@ -3,8 +3,9 @@
 Cheap by design, because it runs for every recorded op: once the device is registered the walk
 is the shim's (tpusim/backend/csrc/record.cpp, which asks ``is_internal_file`` here once per code
 object); before that, a ``sys._getframe`` walk with the same per-code-object cache. Ops issued
-by the autograd engine's device thread have no user frame; they are attributed to the line the
-main thread is waiting on (the ``loss.backward()`` call).
+by the autograd engine (backward) are attributed to the forward line that created their autograd node (the
+shim keeps each forward op's line by the node's thread and sequence number, as the profiler ties them); ops of a
+node no recorded op created go to the line the main thread is waiting on (the ``loss.backward()`` call).
 """
 
 from __future__ import annotations

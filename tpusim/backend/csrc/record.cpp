@@ -10,12 +10,18 @@
 // whoever sees them (ops here, collectives and compiled programs through record_metas).
 //
 // Each event carries the user's source line: the first Python frame outside torch and tpusim,
-// walked here (tpusim/backend/source.py says which files are internal, once per code object); an op on
-// the autograd engine's thread is attributed to the line the main thread waits on.
+// walked here (tpusim/backend/source.py says which files are internal, once per code object). A backward op (run
+// by the autograd engine, on its device thread or the caller's) is attributed to the forward line that created its
+// autograd node: each forward line is kept by the node's (thread, sequence number), the pair the profiler uses to
+// tie a backward node to its forward op; failing that (a node no recorded op created), to the line the main thread
+// waits on (the ``loss.backward()`` call).
 #include "tpu_shim.h"
 
+#include <ATen/SequenceNumber.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <mutex>
@@ -245,6 +251,39 @@ PyObject* walk(PyFrameObject* frame, bool* printing) {
   return nullptr;
 }
 
+// Forward lines by autograd node: (forward thread, sequence number) -> the line (g_lines holds it). The GIL guards it.
+struct NodeHash {
+  size_t operator()(const std::pair<uint64_t, uint64_t>& k) const noexcept {
+    return std::hash<uint64_t>()(k.first) ^ (k.second * 0x9e3779b97f4a7c15ULL);
+  }
+};
+std::unordered_map<std::pair<uint64_t, uint64_t>, PyObject*, NodeHash> g_forward_lines;
+constexpr size_t kForwardLinesKept = 1 << 22;  // a bound on memory: past it, older forward lines are dropped
+
+// A forward op's line, kept for the autograd node its op created just before its kernel ran: autograd makes the
+// node (taking the thread's next sequence number) and then calls the device kernel, so the last number taken is
+// that node's. The first line wins: an op that makes no node (no grad) leaves the previous node's line alone.
+void keep_forward_line(PyObject* line) {
+  const uint64_t next = at::sequence_number::peek();
+  if (next == 0 || !at::GradMode::is_enabled()) {
+    return;
+  }
+  if (g_forward_lines.size() >= kForwardLinesKept) {
+    g_forward_lines.clear();
+  }
+  g_forward_lines.emplace(std::make_pair(at::RecordFunction::currentThreadId(), next - 1), line);
+}
+
+// The forward line of the autograd node running now (backward), or null outside backward or when none was kept.
+PyObject* backward_line() {
+  auto node = torch::autograd::get_current_node();
+  if (!node) {
+    return nullptr;
+  }
+  auto it = g_forward_lines.find(std::make_pair(node->thread_id(), node->sequence_nr()));
+  return it != g_forward_lines.end() ? it->second : nullptr;
+}
+
 }  // namespace
 
 void configure_source(py::object is_internal, py::object tensor_str, unsigned long main_ident) {
@@ -256,11 +295,23 @@ void configure_source(py::object is_internal, py::object tensor_str, unsigned lo
 PyObject* user_source(bool* printing) {
   TORCH_CHECK(g_is_internal != nullptr, "tpusim: the source walk is not configured (tpusim/backend/source.py)");
   PyThreadState* ts = PyThreadState_Get();
+  const bool main = ts->thread_id == g_main_ident;
+  if (main) {
+    if (PyObject* forward = backward_line()) {  // backward on the caller's thread: the forward op's line
+      return forward;
+    }
+  }
   PyObject* found = walk(PyThreadState_GetFrame(ts), printing);
   if (found != nullptr) {
+    if (main) {
+      keep_forward_line(found);
+    }
     return found;
   }
-  if (ts->thread_id != g_main_ident) {  // the autograd engine's thread: the line the main thread waits on
+  if (!main) {  // the autograd engine's device thread: the forward op's line, else the line the main thread waits on
+    if (PyObject* forward = backward_line()) {
+      return forward;
+    }
     for (PyThreadState* t = PyInterpreterState_ThreadHead(ts->interp); t != nullptr; t = PyThreadState_Next(t)) {
       if (t->thread_id == g_main_ident) {
         bool ignored = false;

@@ -40,9 +40,9 @@ REPORT_JSON = {
              "hbm_bytes_per_s": 2.765e12},
     "slice": {"chips": 64, "dims": [4, 4, 4]},
     "program": {"ops": 10, "collectives": 0, "syncs": 0, "steps": 3, "model_flops": 0.0},
-    "modes": {"strict": {**MODE, "step_time_median_s": 0.020, "mfu": 0.4,
+    "modes": {"strict": {**MODE, "step_time_median_s": 0.020, "hfu": 0.4,
                          "hbm": {"peak_bytes": 60 * GIB, "capacity_bytes": 95 * GIB, "peak_fraction": 60 / 95}},
-              "fused": {**MODE, "step_time_median_s": 0.012, "mfu": 0.6,
+              "fused": {**MODE, "step_time_median_s": 0.012, "hfu": 0.6,
                         "hbm": {"peak_bytes": 50 * GIB, "capacity_bytes": 95 * GIB, "peak_fraction": 50 / 95}}},
     "warnings": [{"code": "host-sync", "message": "host sync `item` inside the step loop", "source": "train.py:9"}],
 }
@@ -151,6 +151,8 @@ def test_the_exit_codes_and_lines_a_ci_user_sees(tmp_path: Path) -> None:
     assert slow.returncode == 1
     assert "FAIL step-time[strict]: step time" in slow.stdout and "> budget 1 ns" in slow.stdout
     assert "tpusim check: failed (1 of 2 checks failed; exit code 1)" in slow.stdout
+    assert "verdict (strict):" in slow.stdout and "whole-program totals:" not in slow.stdout   # issue 45: no table
+    assert summary["modes"]["strict"]["hfu"] == report["modes"]["strict"]["hfu"]
 
     lint = _check("sync.py", "--fail-on", "f64,host-sync", "--out", "lint", cwd=tmp_path)
     assert lint.returncode == 1

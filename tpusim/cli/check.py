@@ -103,7 +103,8 @@ def run_options(args: argparse.Namespace, out_dir: Path) -> RunOptions:
 
     return RunOptions(script=args.script, script_args=tuple(args.script_args), chip=args.chip, topology=args.topology,
                       modes=modes_of(args.mode), numerics=args.numerics, placement=args.placement,
-                      out=str(out_dir), quiet=True, compiler=args.compiler, calibration=not args.no_calibration)
+                      out=str(out_dir), quiet=True, compiler=args.compiler, calibration=not args.no_calibration,
+                      table=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -146,7 +147,8 @@ def summarise(report: Report, checks: list[Check], status: int, out: str) -> dic
         "status": words.get(status, "interrupted"), "exit_code": status,
         "script": report.run.script, "topology": report.run.topology, "chip": report.run.chip,
         "modes": {mode: {"step_time_s": entry.step_time_median_s, "hbm_peak_bytes": entry.hbm.peak_bytes,
-                         "hbm_peak_fraction": entry.hbm.peak_fraction, "mfu": entry.mfu}
+                         "hbm_peak_fraction": entry.hbm.peak_fraction, "hfu": entry.hfu,
+                         "mfu": entry.headline.model_flops_utilisation if entry.headline else None}
                   for mode, entry in report.modes.items()},
         "checks": [{"name": c.name, "passed": c.passed, "message": c.message} for c in checks],
         "lint": sorted({w.code for w in report.warnings}),

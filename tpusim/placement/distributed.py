@@ -10,6 +10,7 @@ from tpusim.slice.topology import Slice
 from tpusim.trace.records import InexactCollective, Trace
 
 EXACT = "exact (every rank ran)"
+NO_VALUES = "no values computed (--numerics off): shapes, dtypes and every priced byte are exact"
 
 
 @dataclass(frozen=True)
@@ -27,10 +28,12 @@ def distributed_info(trace: Trace, slice_: Slice) -> Distributed | None:
     if not meta.ranks:
         return None
     one = meta.ranks_one if meta.ranks == "one" else None
+    rule = (one.rule if one else "") if meta.ranks == "one" else EXACT
+    if meta.numerics is False:              # shape-only: no value exists to be reference-correct or not
+        one, rule = None, NO_VALUES
     return Distributed(ranks=meta.ranks, world_size=trace.world_size,
                        placement=meta.placement or _default_text(trace, slice_),
-                       numerics_rule=(one.rule if one else "") if meta.ranks == "one" else EXACT,
-                       not_reference_correct=one.not_reference_correct if one else ())
+                       numerics_rule=rule, not_reference_correct=one.not_reference_correct if one else ())
 
 
 def _default_text(trace: Trace, slice_: Slice) -> str:

@@ -49,6 +49,7 @@ class RunOptions:
     compiler: str = "auto"                  # who prices torch.compile graphs: COMPILERS (tpusim/xla/programs.py)
     calibration: bool = True                # the chip's calibration (topologies/calibration/); False: datasheet
     quiet: bool = False
+    table: bool = True                      # print the cost table; False (tpusim check): the verdict lines only
 
     def __post_init__(self) -> None:
         if self.numerics not in NUMERICS:

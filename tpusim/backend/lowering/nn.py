@@ -18,7 +18,6 @@ import torch
 from jax import lax
 
 from tpusim.backend import flash_attention  # noqa: F401  (defines torch.ops.tpusim.attention*)
-from tpusim.backend.torchtpu import ops as _tpu_ops  # noqa: F401  (defines torch.ops.tpu.splash_attention*)
 from tpusim.backend.lowering.dtypes import jax_dtype
 from tpusim.backend.lowering.matmul import precision
 from tpusim.backend.lowering.registry import register
@@ -608,31 +607,6 @@ def _fused_attention_backward(grad: jax.Array, q: jax.Array, k: jax.Array, v: ja
     dq = jnp.matmul(ds, kg.astype(jnp.float32), precision=precision())
     dk = jnp.matmul(jnp.swapaxes(ds, -1, -2), q.astype(jnp.float32), precision=precision())
     return dq.astype(q.dtype), _summed(dk, k).astype(k.dtype), _summed(dv, v).astype(v.dtype)
-
-
-def _window_mask(s: int, t: int, causal: bool, window: int) -> jax.Array | None:
-    """torch.tpu.ops.splash_attention's mask: True where query i may attend key j (None: everywhere)."""
-    if not causal and window < 0:
-        return None
-    i, j = jnp.arange(s)[:, None], jnp.arange(t)[None, :]
-    keep = j <= i
-    return keep & (j >= i - window) if window >= 0 else keep
-
-
-@register(torch.ops.tpu.splash_attention.default)
-def _splash(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, causal: bool, window: int
-            ) -> tuple[jax.Array, jax.Array]:
-    """TorchTPU's splash kernel (torch.tpu.ops.splash_attention) in a compiled graph: (output, log-sum-exp),
-    the formulas of its eager kernel (tpusim/backend/torchtpu/ops.py), scores in float32."""
-    mask = _window_mask(q.shape[-2], k.shape[-2], causal, window)
-    return _fused_attention(q, k, v, mask, 0.0, False, scale)
-
-
-@register(torch.ops.tpu.splash_attention_backward.default)
-def _splash_backward(q: jax.Array, k: jax.Array, v: jax.Array, out: jax.Array, lse: jax.Array, grad: jax.Array,
-                     scale: float, causal: bool, window: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    mask = _window_mask(q.shape[-2], k.shape[-2], causal, window)
-    return _fused_attention_backward(grad, q, k, v, mask, out, lse, False, scale)
 
 
 @register(aten._transformer_encoder_layer_fwd.default)

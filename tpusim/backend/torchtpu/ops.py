@@ -32,6 +32,7 @@ Names TorchTPU lists that tpusim does not provide raise a TpusimError saying why
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import torch
@@ -161,6 +162,7 @@ def _traceable_by_dynamo(dynamo: object) -> None:
 
 _splash_wrapper = splash_attention
 after_import("torch._dynamo", _traceable_by_dynamo)
+after_import("tpusim.backend.lowering.nn", lambda _: importlib.import_module("tpusim.backend.torchtpu.lowerings"))
 
 
 # ---------------------------------------------------------------- ragged_dot (grouped matmul)

@@ -99,6 +99,33 @@ def test_ctrl_c_during_pricing_of_a_real_run(tmp_path):
     assert "INCOMPLETE: Ctrl-C stopped pricing" in stdout
 
 
+def test_sigterm_during_pricing_of_a_real_run_exits_143_within_a_container_grace_period(tmp_path):
+    """Issue 44, I07: SIGTERM once pricing had begun printed "Ctrl-C: pricing stopped", exited 130, and took 34 s
+    (writing program.jsonl through dataclasses.asdict, then compiling with XLA, neither stoppable): `docker stop`
+    kills after 10 s. Now: 143, the signal's name, what it stopped and where the recording is, within 10 s."""
+    out = tmp_path / "out"
+    run = subprocess.Popen([sys.executable, "-m", "tpusim", "run", "examples/mlp.py", "--mode", "all", "--out",
+                            str(out), "--", "--steps", "60"], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in run.stderr:                                   # progress lines: "...; pricing debug, strict, fused"
+        lines.append(line)
+        if "pricing debug" in line:
+            break
+    sent = time.monotonic()
+    run.send_signal(signal.SIGTERM)
+    stdout, stderr = run.communicate(timeout=600)
+    took = time.monotonic() - sent
+    stderr = "".join(lines) + stderr
+    assert run.returncode == 143, stderr
+    assert took < 10, f"{took:.1f} s from SIGTERM to exit"
+    assert "Ctrl-C" not in stderr and "Traceback" not in stderr, stderr
+    assert "SIGTERM: stopped pricing" in stderr and f"the recording is kept in {out / 'program.jsonl'}" in stderr
+    report = report_of(out)
+    assert report["interrupted"]["by"] == "SIGTERM" and report["interrupted"]["pricing"] is True
+    assert (out / "program.jsonl").is_file() and "INCOMPLETE: SIGTERM stopped pricing" in stdout
+
+
 def test_a_run_on_a_faulted_slice_reports_its_slowdown_against_the_healthy_one(tmp_path):
     body = ("import torch, torch.distributed as dist\n"
             "dist.init_process_group('tpusim')\n"
@@ -149,20 +176,128 @@ def test_sigterm_while_the_script_runs_writes_the_report_of_what_was_recorded(tm
 
 def test_a_rerun_into_the_same_out_holds_only_its_own_files(tmp_path):
     # Issue 32, row 6: a rerun wrote its report.json beside the earlier run's trace.json and figures (the
-    # summary pointed at them). An earlier run's set is removed; the user's own files stay.
+    # summary pointed at them). Issue 44: only what the earlier run's manifest lists goes, once the new report
+    # is written. The earlier run here wrote links.png and ranks/ too (as a run with links and --ranks all does).
     out = tmp_path / "out"
-    (out / "ranks").mkdir(parents=True)
-    stale = {"links.png": b"old", "placements.png": b"old", "trace.json": b"{}", "program.jsonl": b"",
-             "ranks/rank1.jsonl": b""}
-    for name, data in stale.items():
-        (out / name).write_bytes(data)
+    first = tpusim("run", script(tmp_path, ""), "--quiet", "--out", str(out))
+    assert first.returncode == 0, first.stderr
+    assert "replaced" not in first.stderr
+    manifest = json.loads((out / ".tpusim-run.json").read_text())
+    assert "report.json" in manifest["files"] and "program.jsonl" in manifest["files"]
+    (out / "links.png").write_bytes(b"old")
+    (out / "ranks").mkdir()
+    (out / "ranks" / "rank1.jsonl").write_bytes(b"")
+    manifest["files"].append("links.png")
+    manifest["folders"] = {"ranks": ["rank1.jsonl"]}
+    (out / ".tpusim-run.json").write_text(json.dumps(manifest))
     (out / "notes.txt").write_text("mine")
     result = tpusim("run", script(tmp_path, ""), "--quiet", "--out", str(out))
     assert result.returncode == 0, result.stderr
-    assert "replaced an earlier run's report" in result.stderr
-    assert not (out / "links.png").exists() and not (out / "placements.png").exists() and not (out / "ranks").exists()
+    assert "replaced an earlier run's report" in result.stderr and "ranks/" in result.stderr
+    assert not (out / "links.png").exists() and not (out / "ranks").exists()
     assert (out / "notes.txt").read_text() == "mine"
     assert (out / "trace.json").stat().st_size > 2 and (out / "program.jsonl").stat().st_size > 0
+    assert "links.png" not in json.loads((out / ".tpusim-run.json").read_text())["files"]
+
+
+def test_files_no_tpusim_run_wrote_are_never_replaced(tmp_path):
+    # Issue 44, rows DS1 and DS7: a folder of the user's holding a report.json, a report.html and a ranks/ of their
+    # own lost them all (ranks/ recursively), and tpusim said it "replaced an earlier run's report". Now the run
+    # is refused before the script runs, and everything stays.
+    out = tmp_path / "project"
+    (out / "ranks").mkdir(parents=True)
+    (out / "ranks" / "team.csv").write_text("user,rank\n")
+    (out / "report.html").write_text("<html>my site</html>")
+    (out / "report.json").write_text('{"my": "own report"}')
+    ran = tmp_path / "ran"
+    result = tpusim("run", script(tmp_path, f"open({str(ran)!r}, 'w').close()\n"), "--quiet", "--out", str(out))
+    assert result.returncode == 2
+    assert result.stderr == (f"tpusim run: error: --out {str(out)!r} holds report.json, report.html, which no tpusim "
+                             f"run wrote there (a run lists its files in .tpusim-run.json, and replaces only "
+                             f"those); move them, or give another --out\n")
+    assert not ran.exists()
+    assert (out / "ranks" / "team.csv").read_text() == "user,rank\n"
+    assert (out / "report.html").read_text() == "<html>my site</html>"
+    assert sorted(p.name for p in out.iterdir()) == ["ranks", "report.html", "report.json"]
+
+
+def test_a_failing_script_leaves_the_users_ranks_folder_and_a_crafted_manifest_names_nothing_else(tmp_path):
+    # Issue 44, row DS5: a user's ranks/ was deleted before the script ran, and the script then failed. A
+    # single-rank run never touches a ranks/ no run listed; a manifest listing the user's files (edited, or
+    # crafted) is not believed for names tpusim never writes.
+    out = tmp_path / "out"
+    (out / "ranks").mkdir(parents=True)
+    (out / "ranks" / "leaderboard.csv").write_text("a,1\n")
+    (out / "src").mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / ".tpusim-run.json").write_text(json.dumps({"schema": "tpusim-run", "files": ["notes.txt", "../x"],
+                                                      "folders": {"src": [], "ranks": ["leaderboard.csv/"]}}))
+    result = tpusim("run", script(tmp_path, "raise ValueError('boom')\n"), "--quiet", "--out", str(out))
+    assert result.returncode == 1, result.stderr
+    assert "ValueError: boom" in result.stderr
+    assert (out / "ranks" / "leaderboard.csv").read_text() == "a,1\n"
+    assert (out / "src").is_dir() and (out / "notes.txt").read_text() == "mine"
+    assert report_of(out)["error"]["type"] == "ValueError"
+
+
+def test_ranks_all_writes_ranks_once_the_report_is_written_and_never_into_the_users_ranks(tmp_path):
+    # Issue 44, rows DS1, DS5: --ranks all wrote each rank's trace into ranks/ (an earlier run's removed before the
+    # script ran). A ranks/ of the user's refuses such a run before the script; an earlier run's is replaced by
+    # this run's ranks/ (staged while the script ran), listed in the manifest.
+    body = "import torch.distributed as dist\ndist.init_process_group('tpusim')\ndist.all_reduce(x)\n"
+    out = tmp_path / "out"
+    (out / "ranks").mkdir(parents=True)
+    (out / "ranks" / "team.csv").write_text("mine")
+    refused = tpusim("run", script(tmp_path, body), "--quiet", "--topology", "2d:2x1", "--ranks", "all",
+                     "--out", str(out))
+    assert refused.returncode == 2 and "holds ranks/, which no tpusim run wrote there" in refused.stderr
+    assert [p.name for p in (out / "ranks").iterdir()] == ["team.csv"] and len(list(out.iterdir())) == 1
+    (out / "ranks" / "team.csv").unlink()
+    (out / "ranks").rmdir()
+    for _ in range(2):                          # the second run replaces the first's ranks/
+        result = tpusim("run", script(tmp_path, body), "--quiet", "--topology", "2d:2x1", "--ranks", "all",
+                        "--out", str(out))
+        assert result.returncode == 0, result.stderr
+        assert sorted(p.name for p in (out / "ranks").iterdir()) == ["rank0.jsonl", "rank1.jsonl"]
+        assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    assert json.loads((out / ".tpusim-run.json").read_text())["folders"] == {"ranks": ["rank0.jsonl", "rank1.jsonl"]}
+    assert "replaced an earlier run's report" in result.stderr and "ranks/" in result.stderr
+
+
+PRICING_CRASHES = """
+import sys
+import tpusim.pricing
+def price(*args, **kwargs):
+    raise TypeError("'NoneType' object is not subscriptable")
+tpusim.pricing.price = price          # as a bad XLA cache entry or a tpusim bug made pricing raise
+from tpusim.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_crash_while_pricing_keeps_the_recording_and_says_where(tmp_path):
+    # Issue 44, problem 3: a crash while pricing (a bad XLA cache entry: TypeError) was a raw traceback after the
+    # script ran and left --out empty: the recording was lost. Now program.jsonl is written before pricing, the
+    # run says in one line what failed and where the recording is, and the traceback is kept beside it.
+    from tpusim.trace.records import OpRecord, read_trace
+
+    out = tmp_path / "out"
+    first = tpusim("run", script(tmp_path, ""), "--quiet", "--out", str(out))       # an earlier run's report
+    assert first.returncode == 0, first.stderr
+    done = subprocess.run([sys.executable, "-c", PRICING_CRASHES, "run", "--compiler", "model",
+                           script(tmp_path, "z = x + 1\n"), "--quiet", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert (f"tpusim run: error: pricing failed (TypeError: 'NoneType' object is not subscriptable); the recording "
+            f"is kept in {out / 'program.jsonl'}; the traceback in {out / 'pricing-error.txt'}; no report was "
+            f"written\n") in done.stderr
+    trace = read_trace(out / "program.jsonl")
+    assert sum(isinstance(r, OpRecord) for r in trace.records) >= 3        # this run's ops: the matmul, sum, add
+    assert "TypeError" in (out / "pricing-error.txt").read_text()
+    assert not (out / "report.json").exists()          # the earlier run's report went: one run's files per folder
+    assert sorted(json.loads((out / ".tpusim-run.json").read_text())["files"]) == ["pricing-error.txt",
+                                                                                  "program.jsonl"]
 
 
 def test_os_exit_ends_the_script_not_the_run_and_check_checks_it(tmp_path):

@@ -6,15 +6,20 @@ is whole, so a crash, a kill -9 or Ctrl-C leaves either the old file or the new 
 two processes writing the same name never share a temporary file. A run *claims* its folder with an
 advisory lock (``flock`` on the folder itself, so nothing is left behind and a killed run releases it):
 a second run into the same ``--out`` while the first is still writing is refused with one clear error
-instead of mixing its files with the first run's.
+instead of mixing its files with the first run's. A run lists what it wrote in the folder's manifest
+(``.tpusim-run.json``); a later run into the folder replaces or removes only what that manifest lists, once
+it has written its own files, and refuses a folder holding files of its names that no run listed (the user's).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
+import stat
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -70,6 +75,9 @@ def prepare_folder(folder: str | Path, flag: str = "--out") -> Path:
     """Create ``folder`` (and its parents) and check a file can be written there; any problem is one
     TpusimError naming the flag, the folder and the reason."""
     out = Path(folder)
+    if out.is_symlink() and not out.exists():     # mkdir said "File exists" (issue 44, O06)
+        raise TpusimError(f"{flag} {str(out)!r} is a broken symlink (to {os.readlink(out)!r}); give a folder, or "
+                          f"create the folder it points to")
     try:
         if out.exists() and not out.is_dir():
             raise TpusimError(f"{flag} {str(out)!r} exists and is not a folder; give a folder for the report")
@@ -115,24 +123,125 @@ def claim_folder(folder: Path, flag: str = "--out") -> FolderClaim:
     return FolderClaim(folder, fd)
 
 
-def clear_earlier_run(folder: Path, files: tuple[str, ...], folders: tuple[str, ...] = ()) -> list[str]:
-    """Remove an earlier run's ``files`` and ``folders`` (names tpusim writes) from a claimed ``folder``, so it
-    holds one run's files: a rerun into the same --out wrote its report.json beside the old trace.json and
-    figures, and the summary pointed at them. Nothing else in the folder is touched. Returns what went."""
-    import shutil
+MANIFEST = ".tpusim-run.json"      # what a run wrote into its --out folder: the only files a later run may replace
 
-    removed = []
+
+@dataclass(frozen=True)
+class EarlierRun:
+    """What an earlier tpusim run's manifest lists in a folder and is there now: each file with its identity
+    (device, inode, mtime) when this run claimed the folder, so a file rewritten since is told from a leftover;
+    and each folder it wrote (``ranks``) with the files it wrote there."""
+
+    files: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    folders: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def names(self) -> list[str]:
+        return [*self.files, *(name + "/" for name in self.folders)]
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """A regular file's (device, inode, mtime), or None for anything else (a link, a folder, nothing)."""
+    try:
+        found = path.lstat()
+    except OSError:
+        return None
+    return (found.st_dev, found.st_ino, found.st_mtime_ns) if stat.S_ISREG(found.st_mode) else None
+
+
+def _real_folder(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
+
+
+def _plain_names(names: object) -> list[str]:
+    """File names of one folder (no path separators, no '.' or '..'), from a manifest; [] for anything else."""
+    if not isinstance(names, list):
+        return []
+    return [n for n in names if isinstance(n, str) and n not in ("", ".", "..") and "/" not in n and "\0" not in n]
+
+
+def _manifest(folder: Path) -> tuple[list[str], dict[str, list[str]]]:
+    """The files and folders (each with its files) ``folder``'s manifest lists; none when there is no manifest
+    or it is not one tpusim wrote (then nothing in the folder is tpusim's to replace)."""
+    path = folder / MANIFEST
+    try:
+        if not stat.S_ISREG(path.lstat().st_mode):
+            return [], {}
+        found = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return [], {}
+    if not isinstance(found, dict) or found.get("schema") != "tpusim-run":
+        return [], {}
+    folders = found.get("folders")
+    return (_plain_names(found.get("files")),
+            {name: _plain_names(files) for name, files in folders.items()} if isinstance(folders, dict) else {})
+
+
+def earlier_run(folder: Path, files: tuple[str, ...], folders: tuple[str, ...] = ()) -> EarlierRun:
+    """Which of ``files`` and ``folders`` (the names a run writes) an earlier run's manifest in ``folder`` lists
+    and are still there (files as regular files, folders as real folders, never a link; in a folder, the
+    regular files the manifest lists). A manifest naming anything else (edited, or crafted) is not believed
+    for it: no other name is ever tpusim's to remove."""
+    listed_files, listed_folders = _manifest(folder)
+    identities = {name: _identity(folder / name) for name in files if name in listed_files}
+    kept = {name: tuple(n for n in listed_folders[name] if _identity(folder / name / n) is not None)
+            for name in folders if name in listed_folders and _real_folder(folder / name)}
+    return EarlierRun({name: ident for name, ident in identities.items() if ident is not None}, kept)
+
+
+def not_ours(folder: Path, names: tuple[str, ...], earlier: EarlierRun) -> list[str]:
+    """Which of ``names`` (files or folders a run may write) are in ``folder`` and no tpusim run listed: the
+    user's, never to be replaced."""
+    ours = {*earlier.files, *earlier.folders}
+    return [name for name in names if name not in ours and os.path.lexists(folder / name)]
+
+
+def _remove_folder(path: Path, files: tuple[str, ...]) -> None:
+    """An earlier run's folder: the files it wrote there, then the folder if that left it empty (anything
+    else in it is not tpusim's)."""
     for name in files:
-        path = folder / name
-        if path.is_file() or path.is_symlink():
-            path.unlink()
-            removed.append(name)
-    for name in folders:
-        path = folder / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-            removed.append(name + "/")
-    return removed
+        with contextlib.suppress(OSError):
+            (path / name).unlink()
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
+def finish_run(folder: Path, earlier: EarlierRun, names: tuple[str, ...], folders: tuple[str, ...] = ()) -> list[str]:
+    """Once this run has written its files (those of ``names`` new or rewritten since the folder was claimed, and
+    ``folders``, in place): remove the earlier run's files and folders this run did not write again, then list
+    what this run wrote in the manifest, so the folder holds one run's files and a later run knows which are
+    tpusim's. Nothing else in the folder is touched; when this run wrote nothing, nothing changes (the earlier
+    run stays whole). Returns the earlier run's names, replaced or removed."""
+    wrote = [name for name in names
+             if _identity(folder / name) is not None and _identity(folder / name) != earlier.files.get(name)]
+    wrote_folders = {name: sorted(n for n in os.listdir(folder / name) if _identity(folder / name / n) is not None)
+                     for name in folders if _real_folder(folder / name)}
+    if not wrote and not wrote_folders:
+        return []
+    for name, identity in earlier.files.items():
+        if name not in wrote and _identity(folder / name) == identity:    # not written again: a leftover
+            with contextlib.suppress(OSError):
+                (folder / name).unlink()
+    for name, files in earlier.folders.items():
+        if name not in wrote_folders and _real_folder(folder / name):
+            _remove_folder(folder / name, files)
+    write_atomic(folder / MANIFEST, json.dumps({"schema": "tpusim-run", "files": wrote, "folders": wrote_folders},
+                                               indent=1) + "\n")
+    return earlier.names()
+
+
+def move_into_place(staged: Path, folder: Path, name: str, earlier: EarlierRun) -> bool:
+    """Rename the folder ``staged`` (written by this run) to ``folder/name``, in place of an earlier run's folder
+    of that name (its files removed; never a folder no run listed, nor one holding files of the user's); False
+    when such a folder is in the way."""
+    target = folder / name
+    if os.path.lexists(target):
+        if name not in earlier.folders or not _real_folder(target):
+            return False
+        _remove_folder(target, earlier.folders[name])
+        if os.path.lexists(target):               # files of the user's in it
+            return False
+    os.replace(staged, target)
+    return True
 
 
 def claim_new_folder(base: Path) -> FolderClaim:

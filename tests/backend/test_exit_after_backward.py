@@ -59,3 +59,22 @@ def test_a_daemon_thread_still_running_tpu_ops_at_exit_does_not_abort_the_proces
     # 5 runs of 5 here); at exit it now parks in the shim for good (tpusim/backend/shutdown.py).
     results = exit_codes(tmp_path, DAEMON, 3)      # it aborted in every run before
     assert [code for code, _ in results] == [0] * 3, results
+
+
+def test_a_thread_still_noting_ops_while_the_recording_stops_loses_nothing(monkeypatch):
+    # Issue 44, row S07: a daemon thread still issuing tpu ops filled the recording's op_calls while stop() lowered
+    # them: "dictionary changed size during iteration", exit 1 and no report (1 run in 4 with the compiler on).
+    # The race made certain: lowering an op notes another one, as the thread's next op does meanwhile.
+    from tpusim.backend import op_programs, recorder
+    from tpusim.trace.records import XlaModule
+
+    rec = recorder.start()
+    rec.op_calls = {"first": ("aten::add", ())}
+
+    def lowered(key: str, name: str, args: tuple) -> XlaModule:
+        rec.op_calls[f"noted meanwhile {len(rec.op_calls)}"] = (name, args)
+        return XlaModule(key, error="not lowered here")
+
+    monkeypatch.setattr(op_programs, "lowered", lowered)
+    trace = recorder.stop()
+    assert [module.label for module in trace.meta.xla_ops] == ["first"]

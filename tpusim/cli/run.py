@@ -38,6 +38,7 @@ What it writes (in --out, default reports/<script>-<topology>-<time>/):
   report.html   one self-contained page with the figures; *.png the figures alone
   trace.json    Chrome/Perfetto trace of the fastest mode (open in ui.perfetto.dev)
   program.jsonl the recorded program trace, to re-price without re-running
+  .tpusim-run.json  the files this run wrote: a rerun into --out replaces only those
 """
 
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from tpusim import envvars
 from tpusim.errors import TpusimError, plain_text
 from tpusim.hardware.calibration import datasheet_chip
+from tpusim.output import MANIFEST
 from tpusim.report.measured import JaxDevice
 from tpusim.run.measure import INTERRUPTED
 from tpusim.run.options import RunOptions
@@ -35,11 +36,10 @@ from tpusim.run.progress import Progress
 from tpusim.script import STOP_SIGNALS, signals_stop_the_script
 
 if TYPE_CHECKING:
-    from tpusim.hardware.spec import ChipSpec
+    from tpusim.output import EarlierRun, FolderClaim
     from tpusim.report import Measured
     from tpusim.report.schema import Report
     from tpusim.trace.records import Trace
-    from tpusim.xla.programs import XlaEstimates
 
 
 @dataclass(frozen=True)
@@ -75,10 +75,6 @@ def run_pipeline(options: RunOptions) -> RunResult:
         why = missing()
         if why:                                  # asked for by name: say so before the script runs
             raise TpusimError(f"--compiler xla: {why}")
-    from tpusim.xla.programs import use_compiler
-
-    if use_compiler(options.compiler):           # the recording keeps each eager op's program (before any op runs)
-        os.environ["TPUSIM_XLA_OPS"] = "1"
     # before the device loads; TPUSIM_CHIP and TPUSIM_NUMERICS too (run sets them from its flags, but a bad value
     # the user set was silently ignored, where the docs say a bad variable stops at once: issue 32, row 10)
     envvars.check()
@@ -101,35 +97,47 @@ def run_pipeline(options: RunOptions) -> RunResult:
     slice_ = apply_faults(slice_, options.fail_links, options.fail_chips, options.fault_seed)
     if options.placement is not None:                 # its syntax and axes now; its dims once the mesh is recorded
         parse_placement_text(options.placement, slice_)
-    claim = _claim_out_dir(options.out, script, slice_.spec)  # a folder we can write, and no other run writing it
+    claim, earlier = _claim_out_dir(options.out, script, slice_.spec)  # a folder we can write, no other run writing it
     try:
         # absolute from here on: a script that calls os.chdir() must not move its report (issue 32)
-        return _record_and_report(options, script, slice_, device, chip_from, claim.folder.absolute(), progress)
+        return _record_and_report(options, script, slice_, device, chip_from, claim.folder.absolute(), progress,
+                                  earlier)
     finally:
         claim.release()
 
 
-def _claim_out_dir(out: str | None, script: Path, spec: str):
-    """--out checked (a folder, creatable, writable) and claimed for this run before the script runs; without
-    --out a fresh folder under reports/."""
-    from tpusim.output import claim_folder, claim_new_folder, clear_earlier_run, prepare_folder
+def _claim_out_dir(out: str | None, script: Path, spec: str) -> tuple[FolderClaim, EarlierRun]:
+    """--out checked (a folder, creatable, writable) and claimed for this run before the script runs, with what an
+    earlier tpusim run wrote there (its manifest: replaced once this run has written its own files); a folder
+    holding files of the names a run writes that no run listed (the user's) is refused. Without --out a fresh
+    folder under reports/."""
+    from tpusim.output import EarlierRun, claim_folder, claim_new_folder, earlier_run, not_ours, prepare_folder
     from tpusim.report import RUN_FOLDERS, run_files
 
     if out is None:
-        return claim_new_folder(default_out_dir(script, spec))
+        return claim_new_folder(default_out_dir(script, spec)), EarlierRun()
     plain_text(out, "--out", "give a folder for the report, e.g. reports/my-run", max_length=4096, ascii_only=False)
     if not out.strip():                     # '' would be the current folder: the report among the user's files
         raise TpusimError("--out '' names no folder; give a folder for the report, e.g. reports/my-run")
     claim = claim_folder(prepare_folder(out))
-    removed = clear_earlier_run(claim.folder, run_files(), RUN_FOLDERS)   # one run's files per folder (issue 32)
-    if removed:
-        print(f"tpusim: --out {out}: replaced an earlier run's report ({', '.join(removed)})", file=sys.stderr)
-    return claim
+    earlier = earlier_run(claim.folder, run_files(), RUN_FOLDERS)
+    theirs = not_ours(claim.folder, run_files(), earlier)
+    if theirs:                              # tpusim never replaces a file it did not write (issue 44)
+        claim.release()
+        raise TpusimError(_not_ours_message(out, theirs))
+    return claim, earlier
+
+
+def _not_ours_message(out: str, names: list[str]) -> str:
+    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    return (f"--out {out!r} holds {shown}, which no tpusim run wrote there (a run lists its files in "
+            f"{MANIFEST}, and replaces only those); move them, or give another --out")
 
 
 def _record_and_report(options: RunOptions, script: Path, slice_, device: JaxDevice | None, chip_from: str,
-                       out_dir: Path, progress: Progress) -> RunResult:
-    """Run the script once, recording; then price, report, and return the exit status."""
+                       out_dir: Path, progress: Progress, earlier: EarlierRun) -> RunResult:
+    """Run the script once, recording; then price, report, and return the exit status. Whatever happens after the
+    script ran, what this run wrote replaces the earlier run's files in ``out_dir`` (``_finish_folder``)."""
     chips = f"{slice_.total_chips} chip{'' if slice_.total_chips == 1 else 's'}"
     progress.say(f"running {script.name} on {slice_.spec} ({slice_.chip.display_name}, {chips}), "
                  f"numerics {options.numerics}")
@@ -141,20 +149,42 @@ def _record_and_report(options: RunOptions, script: Path, slice_, device: JaxDev
         settings["target"] = "sim"
     if len(options.modes) == 1:                      # the script runs in the one mode priced (tpusim/eager/state.py)
         settings["eager_mode"] = options.modes[0].name
+    from tpusim.xla.programs import use_compiler
+
+    settings["op_programs"] = use_compiler(options.compiler)   # the recording keeps each eager op's program
     backend.configure(backend.load_config(**settings))   # the rest (TPUSIM_F64, ...) from the environment
     os.environ["TPUSIM_NUMERICS"] = options.numerics  # for the script only: examples/*.py print no values when off
+    from tpusim.backend.distributed import runner
+    from tpusim.output import temporary_name
+
+    ranks = runner.resolve_ranks(options.ranks, slice_.total_chips, script)
+    ranks_dir = None
+    if ranks == "all":                       # each rank's trace: staged, then ranks/ once the report is written
+        _check_ranks_folder(out_dir, earlier, options.out)
+        ranks_dir = temporary_name(out_dir / RANKS)
+    try:
+        return _record_and_price(options, script, slice_, device, chip_from, out_dir, progress, ranks_dir)
+    finally:
+        _finish_folder(out_dir, earlier, ranks_dir, options.out)
+
+
+def _record_and_price(options: RunOptions, script: Path, slice_, device: JaxDevice | None, chip_from: str,
+                      out_dir: Path, progress: Progress, ranks_dir: Path | None) -> RunResult:
+    """Record the script (``ranks_dir``: --ranks all, each rank's trace there), keep the recording, price it and
+    write the report."""
     import torch
 
+    import tpusim.backend as backend
     from tpusim.backend.distributed import runner
     from tpusim.script import run_script
-    ranks = runner.resolve_ranks(options.ranks, slice_.total_chips, script)
+
     started = time.perf_counter()
     budget_stop = None                       # set when the record budget stopped recording
-    if ranks == "all":
+    if ranks_dir is not None:
         progress.say(f"--ranks all: {slice_.total_chips} processes, one per chip")
         with signals_stop_the_script():     # SIGTERM, SIGHUP: every rank stops as at Ctrl-C (issue 32, row 1)
             trace, outcome, budget_stop = runner.record_all(script, list(options.script_args), slice_.total_chips,
-                                                            slice_.chip.chips_per_host, out_dir,
+                                                            slice_.chip.chips_per_host, ranks_dir,
                                                             options.max_records)
     else:
         runner.prepare_one(slice_.total_chips, slice_.chip.chips_per_host)
@@ -181,14 +211,95 @@ def _record_and_report(options: RunOptions, script: Path, slice_, device: JaxDev
         measure = None
         if device is not None and outcome.exit_code != INTERRUPTED:
             measure = _measurer(script, options, slice_, device, chip_from, progress)
-        report, measured, stopped = _price_and_report(trace, slice_, options, outcome, torch.__version__, out_dir,
-                                                      progress, interrupts, measure, budget_stop)
+        _keep_recording(trace, out_dir)      # before pricing: whatever pricing does, the recording is kept
+        try:
+            report, measured, stopped = _price_and_report(trace, slice_, options, outcome, torch.__version__,
+                                                          out_dir, progress, interrupts, measure, budget_stop)
+        except TpusimError:
+            raise
+        except Exception as error:           # a tpusim bug while pricing: one line, the traceback kept beside
+            _pricing_failed(error, out_dir)
+            return RunResult(outcome.exit_code or 1, out_dir, None)
     if placement_error is not None:
         print(f"tpusim run: error: {placement_error} (the report uses the default placement)", file=sys.stderr)
     measured_codes = [run.exit_code for run in (measured.runs if measured else ())]
-    code = (outcome.exit_code or (INTERRUPTED if stopped else 0) or (2 if placement_error else 0)
+    code = (outcome.exit_code or (interrupts.exit_code if stopped else 0) or (2 if placement_error else 0)
             or next((code for code in measured_codes if code), 0))
     return RunResult(code, out_dir, report, measured)
+
+
+RANKS = "ranks"                             # --ranks all: each rank's trace (report.RUN_FOLDERS)
+
+
+def _check_ranks_folder(out_dir: Path, earlier: EarlierRun, out: str | None) -> None:
+    """--ranks all writes each rank's trace to ``ranks/``: refused before the script runs when a ``ranks``
+    there is the user's (no tpusim run listed it)."""
+    from tpusim.output import not_ours
+
+    if not_ours(out_dir, (RANKS,), earlier):
+        raise TpusimError(_not_ours_message(out or str(out_dir), [RANKS + "/"]))
+
+
+def _keep_recording(trace: Trace, out_dir: Path) -> None:
+    """program.jsonl, written before pricing so that nothing pricing does loses the recording."""
+    from tpusim.trace.records import write_trace
+
+    try:
+        write_trace(trace, out_dir / "program.jsonl")
+    except OSError as error:                 # a full disk, the folder removed while the script ran, ...
+        raise _cannot_write(out_dir, error) from None
+
+
+def _cannot_write(out_dir: Path, error: OSError) -> TpusimError:
+    return TpusimError(f"cannot write the report to {str(out_dir)!r}: {error.strerror or error}"
+                       f"{f' ({error.filename})' if error.filename else ''}")
+
+
+def _pricing_failed(error: Exception, out_dir: Path) -> None:
+    """Pricing raised (a tpusim bug, or an input it cannot price): one line says so and what was kept; the
+    traceback goes to pricing-error.txt beside the recording, for a bug report."""
+    import traceback
+
+    from tpusim.output import write_atomic
+    from tpusim.report import PRICING_ERROR
+
+    where = ""
+    with contextlib.suppress(OSError):
+        write_atomic(out_dir / PRICING_ERROR, "".join(traceback.format_exception(error)))
+        where = f"; the traceback in {out_dir / PRICING_ERROR}"
+    what = _one_line(error)
+    print(f"tpusim run: error: pricing failed ({type(error).__name__}: {what}); the recording is kept in "
+          f"{out_dir / 'program.jsonl'}{where}; no report was written", file=sys.stderr)
+
+
+def _one_line(error: Exception) -> str:
+    """An exception's message on one line, at most 300 characters."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _finish_folder(out_dir: Path, earlier: EarlierRun, ranks_dir: Path | None, out: str | None) -> None:
+    """What this run wrote replaces what the earlier run in ``out_dir`` wrote (tpusim/output.py: only what its
+    manifest lists, and only once this run has written its own), the staged ranks' traces become ``ranks/``,
+    and the manifest lists this run's files; says so when an earlier run's report was replaced."""
+    from tpusim.output import finish_run, move_into_place
+    from tpusim.report import run_files
+
+    folders: tuple[str, ...] = ()
+    try:
+        if ranks_dir is not None and ranks_dir.is_dir():
+            if move_into_place(ranks_dir, out_dir, RANKS, earlier):
+                folders = (RANKS,)
+            else:                            # a ranks/ of the user's appeared (or was filled) while the script ran
+                print(f"tpusim: --out {out}: ranks/ holds files no tpusim run wrote; each rank's trace is in "
+                      f"{ranks_dir.name} there", file=sys.stderr)
+        replaced = finish_run(out_dir, earlier, run_files(), folders)
+    except OSError as error:
+        print(f"tpusim: --out {out or out_dir}: could not tidy the folder: {error.strerror or error}",
+              file=sys.stderr)
+        return
+    if replaced:
+        print(f"tpusim: --out {out}: replaced an earlier run's report ({', '.join(replaced)})", file=sys.stderr)
 
 
 def _budget_stop(recorder):
@@ -306,6 +417,7 @@ class Interrupts:
         self.progress = progress
         self.stopped = False                # a signal stopped some work
         self.by = "Ctrl-C"                  # the first signal that did
+        self.signum = int(signal.SIGINT)    # and its number (the exit status is the shell's: 128 + it)
         self._stoppable = False
         self._told = False
         self._previous: dict[int, object] = {}
@@ -325,7 +437,7 @@ class Interrupts:
 
     def _pressed(self, signum: int, frame: object) -> None:
         if not self.stopped:
-            self.by = self.SIGNALS[signum]
+            self.by, self.signum = self.SIGNALS[signum], int(signum)
         if self._stoppable:
             self._stoppable = False
             self.stopped = True
@@ -340,6 +452,11 @@ class Interrupts:
             except RuntimeError:            # the signal landed inside a print to stderr ("reentrant call")
                 with contextlib.suppress(OSError):
                     os.write(2, (message + "\n").encode())
+
+    @property
+    def exit_code(self) -> int:
+        """The exit status of a run a signal stopped, as the shell reports it: 130, 143 (SIGTERM), 129 (SIGHUP)."""
+        return 128 + self.signum
 
     def stoppable(self, work: Callable[[], None]) -> bool:
         """Run ``work``; False when Ctrl-C stopped it (then nothing after it is stoppable either)."""
@@ -364,41 +481,54 @@ def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version
     modes = options.modes
     from tpusim.placement import compare, distributed_info
     from tpusim.pricing import price
+    from tpusim.pricing.compiled import ask_compiler, compiler_output
     from tpusim.report import Interrupted, RunInfo, build_report, summary_table, write_report
     from tpusim.report.faults import slowdown_lines, slowdown_section
     from tpusim.report.lint import lint
     from tpusim.report.placements import format_placements
+    from tpusim.report.summary import verdict_summary
     from tpusim.report.xla import xla_lines
-    from tpusim.trace.records import write_trace
+    from tpusim.run import notices
+    from tpusim.xla.compiler import missing
 
     timelines = {}
-    xla = _xla_estimates(trace, slice_.chip, options.compiler, progress)
-    compiled = xla.kernels() if xla is not None else None      # XLA's kernels price its programs
-    compiled_ops = xla.op_kernels() if xla is not None else None   # and, in Strict and Debug, each eager op
-    clusters = xla.cluster_kernels() if xla is not None else None   # and, in Fused, each eager cluster
-    compiled_by = {"compiled": compiled, "compiled_ops": compiled_ops, "compiled_clusters": clusters}
+    doing = ["pricing before it began"]        # what a signal stopped, for the line that says so
+    xla = None
+
+    def estimate() -> None:                   # XLA compiles in a process of its own: a signal stops it too
+        nonlocal xla
+        doing[0] = "asking the TPU compiler"
+        xla = ask_compiler(trace, slice_.chip, options.compiler, progress.say)
+
+    xla_done = interrupts.stoppable(estimate)
+    # XLA's kernels price its programs, and each eager op (Strict, Debug) or eager cluster (Fused) it compiled
+    compiled = compiler_output(xla)
+    by_name = {mode.name: mode for mode in modes}
 
     def price_modes() -> None:
         progress.steps("pricing", len(modes), unit="modes")
         try:
             for mode in modes:
+                doing[0] = f"pricing mode {mode.name}"
                 began = time.perf_counter()
-                timelines[mode.name] = price(trace, topology=slice_, mode=mode, **compiled_by)
+                timelines[mode.name] = price(trace, topology=slice_, mode=mode, compiled=compiled)
                 progress.say(f"priced {mode.name}: {timelines[mode.name].total_s:.6g} s simulated in "
                              f"{time.perf_counter() - began:.1f} s")
                 progress.advance()
         finally:
             progress.stop()
 
-    priced = interrupts.stoppable(price_modes)
+    priced = interrupts.stoppable(price_modes) and xla_done
     if not priced:
-        progress.say(f"Ctrl-C: pricing stopped; reporting {', '.join(timelines) or 'no mode'}")
+        progress.say(f"{interrupts.by}: stopped {doing[0]}; the recording is kept in {out_dir / 'program.jsonl'}; "
+                     f"the report covers the modes priced: {', '.join(timelines) or 'none'}")
     fastest = min(timelines, key=lambda mode: timelines[mode].total_s) if timelines else None
     placements = measured = None
     if options.compare_placements and fastest is not None:
         def price_placements() -> None:
             nonlocal placements
-            placements = compare(trace, slice_, lambda t, s: price(t, topology=s, mode=fastest, **compiled_by))
+            placements = compare(trace, slice_,
+                                 lambda t, s: price(t, topology=s, mode=by_name[fastest], compiled=compiled))
         priced = interrupts.stoppable(price_placements) and priced
     if measure is not None and priced:
         def run_measured() -> None:
@@ -420,38 +550,19 @@ def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version
     distributed = distributed_info(trace, slice_)
     faults = None
     if slice_.faults and timelines:          # the slowdown against the healthy slice, per mode priced
-        healthy = {mode: price(trace, topology=slice_.healthy, mode=mode, **compiled_by) for mode in timelines}
+        healthy = {mode: price(trace, topology=slice_.healthy, mode=by_name[mode], compiled=compiled)
+                   for mode in timelines}
         faults = slowdown_section(slice_, timelines, healthy)
     report = build_report(info, trace, slice_, timelines, warnings, distributed=distributed, placements=placements,
                           measured=measured, faults=faults, xla=xla)
     try:
-        write_trace(trace, out_dir / "program.jsonl")
         write_report(out_dir, report, timelines)
     except OSError as error:                 # a full disk, the folder removed while the script ran, ...
-        raise TpusimError(f"cannot write the report to {str(out_dir)!r}: {error.strerror or error}"
-                          f"{f' ({error.filename})' if error.filename else ''}") from None
-    print(summary_table(report, str(out_dir)))
+        raise _cannot_write(out_dir, error) from None
+    print(summary_table(report, str(out_dir)) if options.table else verdict_summary(report, str(out_dir)))
     for line in slowdown_lines(faults):
         print(line)
     print(format_placements(distributed, placements), end="")
-    for line in xla_lines(report):
+    for line in notices.once(xla_lines(report), missing(), "xla-extra-missing"):   # the advice once per machine
         print(line)
     return report, measured, not priced
-
-
-def _xla_estimates(trace: Trace, chip: ChipSpec, compiler: str, progress: Progress) -> XlaEstimates | None:
-    """What the TPU compiler built for the trace's programs, or why it built nothing (None: nothing it would
-    build, or --compiler model for an eager-only run)."""
-    from tpusim.trace.records import OpRecord
-    from tpusim.xla.compiler import missing
-    from tpusim.xla.programs import XlaEstimates, estimate_programs, use_compiler
-
-    modules = trace.meta.xla_modules or ()
-    if use_compiler(compiler):
-        return estimate_programs(trace, chip, progress.say) if modules or trace.meta.xla_ops else None
-    if compiler == "model":
-        return XlaEstimates(fell_back=tuple(f"{m.label}: --compiler model" for m in modules)) if modules else None
-    if not modules and not any(isinstance(r, OpRecord) for r in trace.records):
-        return None                          # nothing the compiler would have built
-    why = missing()                          # auto without the extra: one line says what it would add
-    return XlaEstimates(fell_back=tuple(f"{label}: {why}" for label in [m.label for m in modules] or ["eager ops"]))

@@ -5,7 +5,9 @@ then never asks a cloud metadata server for its TPU (there is none), prints noth
 rejects (libtpu aborts the process on some) costs that process only. The chip file's ``xla_flags`` (what
 published TPU runs pass libtpu: XLA's async collective fusion) are its LIBTPU_INIT_ARGS. Results are
 cached by (module text, target, flags, jax and libtpu versions) under ~/.cache/tpusim/xla, shared by every
-run and process: a program compiles once per machine. What cannot be compiled raises ``XlaUnavailable``
+run and process: a program compiles once per machine. An entry carries its payload's sha256, and one that
+does not match it (edited), is not of the shape written, or is not a regular file (a FIFO would block a read)
+is compiled again and replaced. What cannot be compiled raises ``XlaUnavailable``
 with the reason in words; callers fall back to tpusim's own model for that program and say so.
 """
 
@@ -18,6 +20,7 @@ import importlib.util
 import json
 import math
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -128,22 +131,69 @@ def _cache_file(text: str, target: XlaTarget) -> Path:
     return cache_dir() / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
 
 
-def _cached(text: str, target: XlaTarget) -> Compiled | None:
+def _read_regular(path: Path) -> bytes | None:
+    """A regular file's bytes, else None: never opens anything else for reading (a FIFO at the name would block
+    for ever; O_NONBLOCK opens it at once, and fstat says what it is)."""
     try:
-        found = json.loads(_cache_file(text, target).read_text())
-        return Compiled(found["hlo"], found["memory"], found["cost"], found["compile_s"], cached=True)
-    except (OSError, ValueError, KeyError):
-        return None                                     # not compiled on this machine yet (or unreadable)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with open(fd, "rb", closefd=False) as handle:
+            return handle.read()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _number(value: object) -> bool:
+    return _real(value) and math.isfinite(value)
+
+
+def _entry(found: object) -> Compiled | None:
+    """A cache entry's payload as a ``Compiled``, or None when it is not of the shape ``_keep`` writes."""
+    if not isinstance(found, dict):
+        return None
+    hlo, memory, cost, seconds = (found.get(key) for key in ("hlo", "memory", "cost", "compile_s"))
+    if not (isinstance(hlo, str) and "ENTRY" in hlo and isinstance(memory, dict) and isinstance(cost, dict)
+            and all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in memory.items())
+            and all(isinstance(k, str) and _real(v) for k, v in cost.items()) and _number(seconds)):
+        return None
+    return Compiled(hlo, memory, cost, float(seconds), cached=True)
+
+
+def _cached(text: str, target: XlaTarget) -> Compiled | None:
+    """The cache's entry for this module and target, or None when there is none to believe: missing, not a
+    regular file, cut short, of another shape, or not matching its checksum (an edited entry: its numbers are
+    never priced). None compiles the module again, and its new entry replaces the bad one."""
+    data = _read_regular(_cache_file(text, target))
+    digest, _, payload = (data or b"").partition(b"\n")
+    if not payload or hashlib.sha256(payload).hexdigest().encode() != digest:
+        return None
+    try:
+        return _entry(json.loads(payload.decode("utf-8")))
+    except (ValueError, RecursionError):
+        return None
 
 
 def _keep(text: str, target: XlaTarget, result: dict, seconds: float) -> Compiled:
+    """The worker's result as a ``Compiled``, kept in the cache: the payload's sha256 on the first line, then
+    the payload (``_cached`` believes an entry only when the two agree)."""
     compiled = Compiled(result["hlo"], result["memory"], result["cost"], seconds)
+    payload = json.dumps({"hlo": compiled.hlo, "memory": compiled.memory, "cost": compiled.cost,
+                          "compile_s": seconds}).encode()
     try:
         cached = _cache_file(text, target)
         cached.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(cached, json.dumps({"hlo": compiled.hlo, "memory": compiled.memory, "cost": compiled.cost,
-                                         "compile_s": seconds}))
-    except OSError:                                     # a read-only home: compiled, just not kept
+        write_atomic(cached, hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+    except OSError:                                     # a read-only home, a folder at the name: compiled, not kept
         pass
     return compiled
 

@@ -21,7 +21,15 @@ from tpusim.eager.fusion import ClusterCall, CompiledProgram, FusedKernel, fuse
 from tpusim.hardware.spec import ChipSpec
 from tpusim.trace.records import Trace, rank_records
 from tpusim.xla.clusters import compose
-from tpusim.xla.compiler import XlaTarget, XlaUnavailable, compile_many, compile_stablehlo, missing, target_for
+from tpusim.xla.compiler import (
+    Compiled,
+    XlaTarget,
+    XlaUnavailable,
+    compile_many,
+    compile_stablehlo,
+    missing,
+    target_for,
+)
 from tpusim.xla.hlo import XlaProgram, parse_program
 from tpusim.xla.kernels import program_records
 
@@ -117,7 +125,7 @@ def estimate_programs(trace: Trace, chip: ChipSpec,
                 progress(f"TPU compiler: {module.label}" + (f" ({module.devices} devices)" if module.devices > 1
                                                             else ""))
             result = compile_stablehlo(module.stablehlo, target)
-            program = parse_program(result.hlo)
+            program = read_program(result.hlo)
             estimate = ProgramEstimate(module.label, runs, len(program.fusions),
                                        program.estimated_cycles / target.clock_hz,
                                        result.memory.get("peak_memory_in_bytes", 0), result.compile_s,
@@ -157,11 +165,25 @@ def estimate_clusters(trace: Trace, chip: ChipSpec, progress: Callable[[str], No
 
 def _compile_small(texts: list[str], target: XlaTarget) -> list[OpEstimate | XlaUnavailable]:
     """Many small programs (eager ops, Fused clusters) in one worker process: what XLA built, or why not."""
-    def estimate(program: XlaProgram) -> OpEstimate:
+    def estimate(result: Compiled | XlaUnavailable) -> OpEstimate | XlaUnavailable:
+        if isinstance(result, XlaUnavailable):
+            return result
+        try:
+            program = read_program(result.hlo)
+        except XlaUnavailable as why:
+            return why
         return OpEstimate(program.estimated_cycles / target.clock_hz, program_records(program))
 
-    return [result if isinstance(result, XlaUnavailable) else estimate(parse_program(result.hlo))
-            for result in compile_many(texts, target)]
+    return [estimate(result) for result in compile_many(texts, target)]
+
+
+def read_program(hlo: str) -> XlaProgram:
+    """XLA's program text read, or ``XlaUnavailable`` saying why it could not be (text that does not parse
+    prices that program by the model, never stops the run)."""
+    try:
+        return parse_program(hlo)
+    except (ValueError, LookupError, TypeError, AttributeError) as error:
+        raise XlaUnavailable(f"XLA's program could not be read ({type(error).__name__}: {error})"[:300]) from None
 
 
 def estimate_ops(trace: Trace, chip: ChipSpec, progress: Callable[[str], None] | None = None

@@ -76,6 +76,8 @@ class ProductRun:
     slow: bool = True
     twin: str = ""                  # the closed-form case of the same published figure (tpusim/validate/maxtext.py)
     script: str = "decoder.py"      # the PyTorch script in validation/ (decode.py: the inference cases)
+    mode: str = "compile"           # how the published run ran: "compile" (compiled blocks), "fused", "strict"
+    eager: str = "fused"            # the eager mode of what is not compiled: `tpusim run --mode` (TorchTPU's)
 
 
 def _decoder_args(layers: int, emb: int, heads: int, head_dim: int, mlp_dim: int, vocab: int, seq: int, *,
@@ -171,7 +173,7 @@ PRODUCT_RUNS: tuple[ProductRun, ...] = (*MAXTEXT_RUNS, *RECIPES)
 def command(run: ProductRun, out: Path) -> list[str]:
     """The `tpusim run` command line a case records with (what a user would type, plus --out)."""
     return [sys.executable, "-m", "tpusim", "run", str(VALIDATION / run.script), "--topology", run.topology,
-            "--chip", run.chip, "--mode", "fused", "--numerics", "off", "--ranks", "one", "--compiler", "model",
+            "--chip", run.chip, "--mode", run.eager, "--numerics", "off", "--ranks", "one", "--compiler", "model",
             "--quiet", "--out", str(out), "--", *run.args]
 
 
@@ -200,22 +202,56 @@ def cached_folder(run: ProductRun) -> Path:
 @functools.cache
 def recording(run: ProductRun) -> tuple[object, dict]:
     """The program trace and report.json `tpusim run` wrote for ``run``: recorded once per source digest
-    (kept in tpusim's cache, ~/.cache/tpusim/validate), then read back."""
-    from tpusim.trace.records import read_trace
-
+    (kept in tpusim's cache, ~/.cache/tpusim/validate), then read back. A cached recording that cannot be read
+    back whole (cut short, ``null``, a folder where a file was) is recorded again and replaced; a cache that
+    cannot be written is said in one line, and the case is recorded in a temporary folder."""
     if not (VALIDATION / run.script).is_file():
         raise TpusimError(f"{VALIDATION / run.script}: the validation script is missing (it ships in the repository, "
                           f"next to tpusim/; run `tpusim validate` from a clone)")
     folder = cached_folder(run)
-    if not (folder / "report.json").is_file():
-        _record(run, folder)
-    return read_trace(folder / "program.jsonl"), json.loads((folder / "report.json").read_text())
+    return _read_back(folder, run.eager) or _record(run, folder)
 
 
-def _record(run: ProductRun, folder: Path) -> None:
-    """Run the case's `tpusim run` into a scratch folder and move it into the cache whole (never half)."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{run.name}-", dir=folder.parent))
+def _read_back(folder: Path, mode: str) -> tuple[object, dict] | None:
+    """The recording in ``folder`` (its program, whole and of a version read here, and its report.json, whole JSON
+    with the eager ``mode`` a case reads), or None when there is none or it is damaged."""
+    from tpusim.trace.records import read_trace
+
+    program, report_file = folder / "program.jsonl", folder / "report.json"
+    if not (program.is_file() and report_file.is_file()):     # never a FIFO (a read would block) or a folder
+        return None
+    try:
+        report = json.loads(report_file.read_text(encoding="utf-8"))
+        modes = report.get("modes") if isinstance(report, dict) else None
+        if not (isinstance(modes, dict) and isinstance(modes.get(mode), dict)):
+            return None
+        return read_trace(program), report
+    except (TpusimError, OSError, ValueError, RecursionError):
+        return None
+
+
+_NOT_KEPT: list[str] = []                   # the cache folder this process could not write (said once)
+
+
+def _scratch(run: ProductRun, cache: Path) -> tuple[Path, bool]:
+    """A fresh scratch folder beside the cache (True: the recording can be kept), or, when the cache cannot be
+    written (read-only, or a file where a folder must be), in the temporary folder (False), said once."""
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{run.name}-", dir=cache)), True
+    except OSError as error:
+        if not _NOT_KEPT:
+            _NOT_KEPT.append(str(cache))
+            print(f"tpusim validate: cannot write the recordings' cache {str(cache)!r} "
+                  f"({error.strerror or type(error).__name__}); recording in a temporary folder, not kept "
+                  f"(set XDG_CACHE_HOME to a folder that can be written to keep them)", file=sys.stderr)
+        return Path(tempfile.mkdtemp(prefix=f"tpusim-validate-{run.name}-")), False
+
+
+def _record(run: ProductRun, folder: Path) -> tuple[object, dict]:
+    """Run the case's `tpusim run` into a scratch folder, read it back, and move it into the cache whole (never
+    half), in place of a damaged entry."""
+    scratch, keep = _scratch(run, folder.parent)
     out = scratch / "run"
     env = {**os.environ, "TPUSIM_HBM_BYTES": "0"}      # the module docstring: HBM
     try:
@@ -223,27 +259,44 @@ def _record(run: ProductRun, folder: Path) -> None:
         if done.returncode != 0 or not (out / "report.json").is_file():
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
             raise TpusimError(f"case {run.name}: `tpusim run` failed (exit {done.returncode}): {' | '.join(tail)}")
-        with contextlib.suppress(OSError):           # another process may have kept the same recording first
-            out.rename(folder)
+        found = _read_back(out, run.eager)
+        if found is None:
+            raise TpusimError(f"case {run.name}: `tpusim run` wrote a recording that cannot be read back")
+        if keep:
+            _replace(out, folder)
+        return found
     except subprocess.TimeoutExpired:
         raise TpusimError(f"case {run.name}: `tpusim run` took over {RECORD_TIMEOUT_S} s") from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _replace(new: Path, folder: Path) -> None:
+    """``new`` renamed to ``folder``; a damaged entry there is moved aside first and removed."""
+    with contextlib.suppress(OSError):
+        if os.path.lexists(folder):
+            aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}-damaged-", dir=folder.parent))
+            folder.rename(aside / "entry")
+            shutil.rmtree(aside, ignore_errors=True)
+    with contextlib.suppress(OSError):               # another process may have kept the same recording first
+        new.rename(folder)
+
+
 def predictor(run: ProductRun):
     def predict(chip: ChipSpec) -> Prediction:
+        from tpusim.eager.modes import get_mode
         from tpusim.pricing import price
         from tpusim.slice.topology import build_slice
 
         trace, report = recording(run)
-        timeline = price(trace, topology=build_slice(run.topology, chip=chip), mode="fused")
+        timeline = price(trace, topology=build_slice(run.topology, chip=chip), mode=get_mode(run.eager))
         step = timeline.steps[-1]
-        mode = report["modes"]["fused"]
+        mode = report["modes"][run.eager]
         hbm = mode.get("hbm", {}).get("peak_bytes") or 0
-        notes = (f"validation/decoder.py {' '.join(run.args)}",
-                 f"{run.accelerator} = {run.topology}; the blocks torch.compile'd, the rest in Fused eager; "
-                 f"the last of {STEPS} steps",
+        ran = ("the blocks torch.compile'd, the rest" if run.mode == "compile" else "the whole step") + \
+            f" in {run.eager.capitalize()} eager"
+        notes = (f"validation/{run.script} {' '.join(run.args)}",
+                 f"{run.accelerator} = {run.topology}; {ran}; the last of {STEPS} steps",
                  f"HBM the PyTorch translation kept: {hbm / 2**30:.1f} GiB of the chip's "
                  f"{chip.hbm_bytes / 2**30:.0f} GiB")
         return Prediction(step.seconds, {"step": step.seconds}, notes)
@@ -255,8 +308,8 @@ def case(run: ProductRun) -> Case:
     return Case(name=run.name, kind="measured", title=f"{run.setup.split(',')[0]} training step on {run.accelerator}",
                 chip=run.chip, slice=run.topology, setup=run.setup, published=run.published,
                 published_s=run.published_s, source=run.source, where=run.where, predict=predictor(run),
-                conversion=run.conversion, model="validation/decoder.py through `tpusim run` (product path)",
-                slow=run.slow, path="product", mode="compile", script="validation/decoder.py", family=run.family,
+                conversion=run.conversion, model=f"validation/{run.script} through `tpusim run` (product path)",
+                slow=run.slow, path="product", mode=run.mode, script=f"validation/{run.script}", family=run.family,
                 twin=run.twin)
 
 

@@ -129,7 +129,7 @@ def growing_op(records: Sequence[Record]) -> tuple[list[int], OpRecord, int] | N
                 seen.append((rec.inputs[0].shape, rec))
     best: tuple[list[int], OpRecord, int] | None = None
     for seen in shapes.values():
-        dims = [_grown_dim(a, b) for (a, _), (b, _) in zip(seen, seen[1:])]
+        dims = [grown_dim(a, b) for (a, _), (b, _) in zip(seen, seen[1:])]
         start = 0
         for i in range(len(dims) + 1):              # runs of one grown dim: dims[start:i] all equal, not None
             if i < len(dims) and dims[i] is not None and dims[i] == dims[start]:
@@ -141,7 +141,7 @@ def growing_op(records: Sequence[Record]) -> tuple[list[int], OpRecord, int] | N
     return best
 
 
-def _grown_dim(old: tuple[int, ...], new: tuple[int, ...]) -> int | None:
+def grown_dim(old: tuple[int, ...], new: tuple[int, ...]) -> int | None:
     """The one dim that grew by exactly one from ``old`` to ``new`` (the rest equal), else None."""
     if len(old) != len(new):
         return None

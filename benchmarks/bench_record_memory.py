@@ -39,7 +39,9 @@ import sys
 CHILD = r"""
 import gc, json, os, resource, sys, time
 import torch, tpusim.backend as tb
+from tpusim.eager.modes import get_mode
 from tpusim.pricing import price
+from tpusim.slice.topology import build_slice
 
 def rss():
     with open("/proc/self/statm") as f:
@@ -69,7 +71,7 @@ trace = tb.stop()
 records = len(trace.records)
 stopped = rss()
 before_price = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-price(trace, mode="strict")
+price(trace, topology=build_slice("3d:1x1x1"), mode=get_mode("strict"))
 priced_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 steps, stopped_after_step = rec.steps, rec.stopped_after_step
 del trace, rec

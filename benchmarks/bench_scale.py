@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tpusim.eager.modes import get_mode  # noqa: E402
 from tpusim.pricing import price  # noqa: E402
 from tpusim.slice.topology import Slice, build_slice  # noqa: E402
 from tpusim.trace.records import CollectiveRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber  # noqa: E402
@@ -84,7 +85,7 @@ def main() -> None:
         slice_ = build_slice(topology, chip="v7", slices=slices)
         trace = dp_fsdp_tp_trace(slice_)
         began = time.perf_counter()
-        timeline = price(trace, topology=slice_, mode="strict")
+        timeline = price(trace, topology=slice_, mode=get_mode("strict"))
         wall = time.perf_counter() - began
         chips = slice_.total_chips
         mesh = f"{slices} x {slice_.num_chips // TP} x {TP}"

@@ -32,6 +32,7 @@ import simpy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tpusim.eager.modes import get_mode  # noqa: E402
 from tpusim.hardware.spec import load_chip  # noqa: E402
 from tpusim.network.collectives import algorithm_cost, build_plan, fastforward, simulate_collective  # noqa: E402
 from tpusim.network.collectives import groups as _groups  # noqa: E402
@@ -226,7 +227,7 @@ def _price_modes(trace, modes) -> list[tuple[str, float, int, float, int]]:
     for mode in modes:
         with _Counting() as counter:
             t0 = time.perf_counter()
-            tl = price(trace, topology="3d:8x8x8", mode=mode)
+            tl = price(trace, topology=build_slice("3d:8x8x8"), mode=get_mode(mode))
             wall = time.perf_counter() - t0
         skipped = sum("fast-forwarded" in c.result.simulated for c in tl.collectives)
         out.append((mode, wall, counter.count, tl.total_s, skipped))

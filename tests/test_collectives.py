@@ -11,6 +11,7 @@ import pytest
 import simpy
 
 from tpusim.cli.main import main
+from tpusim.eager.modes import get_mode
 from tpusim.errors import TpusimError
 from tpusim.hardware.spec import load_chip
 from tpusim.network.collectives import (
@@ -605,7 +606,7 @@ def test_pricing_a_trace_is_the_same_with_and_without_fast_forward():
         fastforward.clear()
         fastforward.ENABLED = enabled
         try:
-            runs[enabled] = price(trace, topology=s, mode="strict")
+            runs[enabled] = price(trace, topology=s, mode=get_mode("strict"))
         finally:
             fastforward.ENABLED = True
     fast, full = runs[True], runs[False]

@@ -5,6 +5,7 @@ import json
 from factories import training_trace
 
 from tpusim.cli.main import main
+from tpusim.eager.modes import get_mode
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, write_report
 from tpusim.slice.topology import build_slice
@@ -14,7 +15,7 @@ from tpusim.trace.records import write_trace
 def write_run(folder, chip: str, topology: str):
     trace = training_trace()
     slice_ = build_slice(topology, chip)
-    timelines = {"strict": price(trace, topology=slice_, mode="strict")}
+    timelines = {"strict": price(trace, topology=slice_, mode=get_mode("strict"))}
     out = write_report(folder, build_report(RunInfo("model.py"), trace, slice_, timelines), timelines)
     write_trace(trace, out / "program.jsonl")
     return out

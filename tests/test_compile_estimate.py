@@ -8,6 +8,7 @@ from factories import toy_chip, training_trace
 
 from tpusim.eager.compile_cache import compile_seconds
 from tpusim.eager.fusion import FusedKernel
+from tpusim.eager.modes import get_mode
 from tpusim.hardware.spec import available_chips, chip_sources, load_chip
 from tpusim.pricing import price
 from tpusim.slice.topology import build_slice
@@ -17,7 +18,7 @@ FIXED, PER_OP = 0.01, 0.001
 
 def _priced(mode: str):
     slice_ = build_slice("3d:1x1x1", chip=toy_chip(compile_s=FIXED, compile_per_op_s=PER_OP))
-    return price(training_trace(steps=3), topology=slice_, mode=mode)
+    return price(training_trace(steps=3), topology=slice_, mode=get_mode(mode))
 
 
 @pytest.mark.parametrize("mode", ["debug", "strict"])

@@ -12,6 +12,7 @@ import simpy
 from factories import tensor, toy_chip
 
 from tpusim.cli.main import build_parser, main
+from tpusim.eager.modes import get_mode
 from tpusim.errors import TpusimError
 from tpusim.hardware.spec import load_chip
 from tpusim.network import collectives
@@ -335,7 +336,7 @@ def test_compare_reprices_a_report_on_the_faulted_slice(tmp_path, capsys):
 
     sl = torus()
     trace = _ddp_trace()
-    timelines = {"strict": price(trace, topology=sl, mode="strict")}
+    timelines = {"strict": price(trace, topology=sl, mode=get_mode("strict"))}
     report = build_report(RunInfo(script="ddp.py", topology=sl.spec), trace, sl, timelines)
     write_trace(trace, tmp_path / "program.jsonl")
     write_report(tmp_path, report, timelines)

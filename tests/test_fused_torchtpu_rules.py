@@ -12,7 +12,7 @@ import factories
 import pytest
 from factories import MB, N, tensor
 
-from tpusim.eager import fusion, windows
+from tpusim.eager import clusters, windows
 from tpusim.eager.fusion import RULES, FusedKernel, fuse, role_of
 from tpusim.report.lint import lint
 from tpusim.trace.records import (
@@ -57,9 +57,9 @@ def kernels(fused):
 def old_rule(monkeypatch):
     """tpusim's rule before: an op whose fusion role is opaque (gathers, scatters, copies, fills, sorts) ended
     its cluster and ran alone."""
-    made = fusion.op_node
-    monkeypatch.setattr(fusion, "op_node", lambda rec: dataclasses.replace(made(rec),
-                                                                            fusible=RULES[role_of(rec)].fusible))
+    made = clusters.op_node
+    monkeypatch.setattr(clusters, "op_node", lambda rec: dataclasses.replace(made(rec),
+                                                                              fusible=RULES[role_of(rec)].fusible))
 
 
 def embedding_steps(steps=2):

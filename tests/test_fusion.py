@@ -13,8 +13,9 @@ import factories
 import pytest
 from factories import MB, N, tensor
 
-from tpusim.eager import fusion, windows
+from tpusim.eager import clusters, fusion, windows
 from tpusim.eager.fusion import FusedKernel, fuse
+from tpusim.eager.modes import get_mode
 from tpusim.pricing import price
 from tpusim.slice.topology import build_slice
 from tpusim.trace import ops
@@ -33,7 +34,7 @@ from tpusim.trace.records import (
 @pytest.fixture(autouse=True)
 def whole_graph(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each cluster compiles as one executable, so the grouping rules are seen whole."""
-    monkeypatch.setattr(fusion, "splits_graph", lambda cut: False)
+    monkeypatch.setattr(clusters, "splits_graph", lambda cut: False)
 
 
 def toy_chip(**overrides):
@@ -91,7 +92,7 @@ def test_elementwise_chain_becomes_one_kernel_with_only_entering_and_leaving_byt
 def test_fused_moves_fewer_hbm_bytes_than_strict_by_exactly_the_intermediates_on_chip():
     trace = Trace(tuple(chain()))
     slice_ = build_slice("3d:1x1x1", chip=toy_chip())
-    strict, fused = (price(trace, topology=slice_, mode=m) for m in ("strict", "fused"))
+    strict, fused = (price(trace, topology=slice_, mode=get_mode(m)) for m in ("strict", "fused"))
     # strict: three ops, each reads 1 MB and writes 1 MB = 6 MB; fused: 2 MB.
     assert strict.hbm_bytes_moved == 6 * MB and fused.hbm_bytes_moved == 2 * MB
     kept = fused.meta["fusion"].onchip_bytes
@@ -322,7 +323,7 @@ def test_each_mode_prices_a_program_as_one_launch_and_one_compile():
     trace = Trace(renumber([*step, StepMarker(0, 1), *program(step, 2), StepMarker(0, 2)]))
     eager = Trace(renumber([*chain(), StepMarker(0, 1), *chain(), StepMarker(0, 2)]))
     for mode in ("debug", "strict", "fused"):
-        compiled = price(trace, topology=slice_, mode=mode)
+        compiled = price(trace, topology=slice_, mode=get_mode(mode))
         cache = compiled.meta["compile_cache"]
         assert (cache.regions, cache.misses, cache.hits) == (2, 1, 1)     # one region per execution
         debug = mode == "debug"
@@ -331,7 +332,7 @@ def test_each_mode_prices_a_program_as_one_launch_and_one_compile():
         # host: one dispatch per execution (0.5 us each), plus debug's flag read-back per execution
         assert compiled.host_dispatch_s == pytest.approx(2 * 0.5e-6 + (2 * 0.5e-6 if debug else 0))
         if mode != "fused":     # the same ops run eagerly: six launches, three compiles
-            run = price(eager, topology=slice_, mode=mode)
+            run = price(eager, topology=slice_, mode=get_mode(mode))
             assert run.kernels == 6 and run.meta["compile_cache"].misses == 3
 
 

@@ -3,10 +3,13 @@
 from factories import B, C
 
 from tpusim.eager.compile_cache import CacheStats, Recompile
+from tpusim.eager.modes import get_mode
 from tpusim.pricing import price
 from tpusim.report.lint import lint, mxu_tile_waste, recompilations, syncs_in_step_loop
 from tpusim.slice.topology import build_slice
 from tpusim.trace.records import HostRecord, OpRecord, StepMarker, TensorMeta, Trace, renumber
+
+STRICT = get_mode("strict")
 
 CHIP = build_slice("3d:1x1x1", "v5p").chip
 
@@ -64,7 +67,7 @@ def test_recompiles_count_only_the_same_op_inside_the_loop():
         Recompile(in_loop, "t.py:1", "aten::mm", ((37, 128), (128, 64)), ((64, 128), (128, 64))),
         Recompile(in_loop, "t.py:2", "aten::copy_", ((144,),), ((256, 16, 48),)),        # two unrelated ops
         Recompile(after_loop, "t.py:9", "aten::mm", ((64, 128),), ((512, 128),))))      # a full-batch eval
-    timeline = price(Trace(records), topology=build_slice("3d:1x1x1", "v5p"), mode="strict")
+    timeline = price(Trace(records), topology=build_slice("3d:1x1x1", "v5p"), mode=get_mode("strict"))
     timeline.meta["compile_cache"] = stats
     assert [source for _, source in recompilations(Trace(records), CHIP, timeline)] == ["t.py:1"]
 
@@ -80,7 +83,7 @@ def test_hbm_lint_tells_a_full_chip_from_one_near_capacity():
 
     def findings(nbytes: int) -> list:
         trace = Trace(renumber([MemoryRecord(0, "alloc", 1, nbytes)]))
-        return hbm_near_capacity(trace, CHIP, price(trace, topology=build_slice("3d:1x1x1", "v5p"), mode="strict"))
+        return hbm_near_capacity(trace, CHIP, price(trace, topology=build_slice("3d:1x1x1", "v5p"), mode=STRICT))
 
     assert findings(int(0.5 * CHIP.hbm_bytes)) == []
     (near, _), = findings(int(0.95 * CHIP.hbm_bytes))

@@ -56,7 +56,7 @@ def loop(steps=3, sizes=None):
 
 
 def priced(trace, slice_):
-    return {mode: price(trace, topology=slice_, mode=mode) for mode in ("debug", "strict", "fused")}
+    return {mode: price(trace, topology=slice_, mode=get_mode(mode)) for mode in ("debug", "strict", "fused")}
 
 
 def test_elementwise_chain_debug_strict_fused_by_hand():
@@ -184,7 +184,7 @@ def test_unknown_mode_is_refused_with_the_accepted_names():
     with pytest.raises(TpusimError, match="accepted: debug, strict, fused"):
         get_mode("turbo")
     with pytest.raises(TpusimError, match="accepted: debug, strict, fused"):
-        price(Trace(()), topology=toy(), mode="turbo")
+        price(Trace(()), topology=toy(), mode=get_mode("turbo"))
     assert list(MODES) == ["debug", "strict", "fused"]
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 from factories import B, C, training_trace
 
-from tpusim.eager.modes import resolve_modes
+from tpusim.eager.modes import get_mode, resolve_modes
 from tpusim.errors import TpusimError
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, summary_table, write_report
@@ -19,7 +19,7 @@ from tpusim.trace.records import OpRecord, StepMarker, TensorMeta, Trace, renumb
 def priced():
     trace = training_trace()
     slice_ = build_slice("3d:1x1x1", "v5p")
-    timelines = {mode: price(trace, topology=slice_, mode=mode) for mode in ("debug", "strict")}
+    timelines = {mode: price(trace, topology=slice_, mode=get_mode(mode)) for mode in ("debug", "strict")}
     report = build_report(RunInfo("model.py", argv=("--steps", "3")), trace, slice_, timelines,
                           lint(trace, slice_.chip, timelines["strict"]))
     return trace, slice_, timelines, report
@@ -61,7 +61,7 @@ def test_lint_flags_the_sync_in_the_loop_and_the_half_empty_mxu(priced):
 def test_report_json_is_deterministic(priced, tmp_path):
     trace, slice_, timelines, report = priced
     again = build_report(RunInfo("model.py", argv=("--steps", "3")), trace, slice_,
-                         {mode: price(trace, topology=slice_, mode=mode) for mode in timelines},
+                         {mode: price(trace, topology=slice_, mode=get_mode(mode)) for mode in timelines},
                          lint(trace, slice_.chip, timelines["strict"]))
     write_report(tmp_path / "a", report, timelines)
     write_report(tmp_path / "b", again, timelines)
@@ -107,7 +107,7 @@ def test_collectives_and_link_heat_map_are_reported(tmp_path):
     records = renumber([CollectiveRecord(0, "all_reduce", grad.nbytes, reduce_op="sum", inputs=(grad,),
                                          outputs=(grad,), source="train.py:7"), StepMarker(0, 0)])
     trace, slice_ = Trace(records, world_size=64), build_slice("3d:4x4x4", "v5p")
-    timelines = {"strict": price(trace, topology=slice_, mode="strict")}
+    timelines = {"strict": price(trace, topology=slice_, mode=get_mode("strict"))}
     report = build_report(RunInfo("train.py"), trace, slice_, timelines)
     data = report.to_dict()                     # report.json's content
     (entry,) = data["modes"]["strict"]["collectives"]
@@ -136,7 +136,7 @@ def test_lint_reports_recompilations_with_their_source_line():
                              bytes_read=a.nbytes + B.nbytes, bytes_written=c.nbytes, matmul=(1, rows, 128, 128),
                              source="train.py:9"), StepMarker(0, step)]
     trace, slice_ = Trace(renumber(records)), build_slice("3d:1x1x1", "v5p")
-    warnings = lint(trace, slice_.chip, price(trace, topology=slice_, mode="strict"))
+    warnings = lint(trace, slice_.chip, price(trace, topology=slice_, mode=get_mode("strict")))
     assert [(w.code, w.source) for w in warnings if w.code == "recompile"] == [("recompile", "train.py:9")]
 
 
@@ -147,7 +147,7 @@ def test_lint_flags_collectives_that_compute_cannot_hide():
     trace = Trace(renumber([CollectiveRecord(0, "all_reduce", grad.nbytes, inputs=(grad,), outputs=(grad,)),
                             StepMarker(0, 0)]), world_size=64)
     slice_ = build_slice("3d:4x4x4", "v5p")
-    warnings = lint(trace, slice_.chip, price(trace, topology=slice_, mode="strict"))
+    warnings = lint(trace, slice_.chip, price(trace, topology=slice_, mode=get_mode("strict")))
     (bound,) = [w for w in warnings if w.code == "comm-bound"]
     assert "2550 tokens per chip" in bound.message  # 4.59e14 FLOP/s / (2 x 9e10 B/s), the scaling book's figure
 
@@ -220,7 +220,7 @@ def test_report_json_is_strict_json_even_when_a_value_is_not_finite():
     from tpusim.report import report_json
 
     trace, slice_ = training_trace(), build_slice("3d:1x1x1")
-    timelines = {"strict": price(trace, topology=slice_, mode="strict")}
+    timelines = {"strict": price(trace, topology=slice_, mode=get_mode("strict"))}
     report = build_report(RunInfo("m.py"), trace, slice_, timelines)
     broken = report.model_copy(update={"modes": {"strict": report.modes["strict"].model_copy(
         update={"mxu_utilisation": math.nan, "hbm_bytes_moved": math.inf})}})

@@ -10,6 +10,7 @@ from factories import training_trace
 
 from tpusim.cli.compare import notes
 from tpusim.cli.main import main
+from tpusim.eager.modes import get_mode
 from tpusim.errors import TpusimError
 from tpusim.hardware.spec import available_chips, chips_dir, load_chip
 from tpusim.pricing import price
@@ -86,7 +87,7 @@ def test_the_note_reaches_topology_summary_html_json_and_compare(capsys, tmp_pat
     reports = {}
     for topology in ("3d:3x5x7", "3d:4x4x4"):
         slice_ = build_slice(topology)
-        timelines = {"strict": price(trace, topology=slice_, mode="strict")}
+        timelines = {"strict": price(trace, topology=slice_, mode=get_mode("strict"))}
         reports[topology] = build_report(RunInfo("model.py"), trace, slice_, timelines)
     odd, real = reports["3d:3x5x7"], reports["3d:4x4x4"]
     assert odd.slice.shape_note and real.slice.shape_note is None

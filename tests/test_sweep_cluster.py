@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from factories import training_trace
 
+from tpusim.eager.modes import get_mode
 from tpusim.pricing import price
 from tpusim.slice.topology import build_slice
 from tpusim.sweep import load_recording
@@ -63,7 +64,7 @@ def test_sweep_on_a_separately_started_scheduler_and_two_workers(dask_cluster: s
     assert len(table) == 8 and (table.status == "ok").all()
     trace = load_recording(tmp_path).trace
     for row in table.itertuples():
-        alone = price(trace, topology=build_slice(row.topology, chip=row.chip), mode=row.mode)
+        alone = price(trace, topology=build_slice(row.topology, chip=row.chip), mode=get_mode(row.mode))
         assert row.total_s == pytest.approx(alone.total_s, rel=1e-12)
     assert set(table.worker) == {"w0", "w1"}              # both separately started workers priced points
     bad = subprocess.run([sys.executable, "-m", "tpusim", "sweep", str(tmp_path), "--chip", "v5p", "--topology",

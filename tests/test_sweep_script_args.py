@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from tpusim.cli import main as cli
+from tpusim.eager.modes import get_mode
 from tpusim.errors import TpusimError
 from tpusim.pricing import price
 from tpusim.report.steps import split_steps
@@ -129,7 +130,7 @@ def test_a_batch_size_sweep_records_each_size_and_prices_it(client, tmp_path: Pa
     assert len(ok) == 4
     for row in ok.to_dict("records"):
         trace = load_recording(row["recording"]).trace
-        alone = price(trace, topology=build_slice(row["topology"], chip=row["chip"]), mode=row["mode"])
+        alone = price(trace, topology=build_slice(row["topology"], chip=row["chip"]), mode=get_mode(row)["mode"])
         assert row["total_s"] == pytest.approx(alone.total_s, rel=1e-12)
         assert row["step_time_s"] == pytest.approx(split_steps(alone).steady_median_s, rel=1e-12)
         assert row["hbm_peak_bytes"] == alone.peak_hbm_bytes

@@ -12,6 +12,7 @@ import factories
 import pytest
 from factories import training_trace
 
+from tpusim.eager.modes import get_mode
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report
 from tpusim.slice.topology import build_slice
@@ -43,7 +44,7 @@ def test_a_sweep_row_of_a_decode_loop_says_what_the_report_says() -> None:
     assert row["status"] == "ok" and row["step_time_s"] is None            # no training steps
     slice_ = build_slice("2d:1x1", chip="v6e")
     report = build_report(RunInfo(script="serve.py", topology="2d:1x1"), trace, slice_,
-                          {"strict": price(trace, topology=slice_, mode="strict")})
+                          {"strict": price(trace, topology=slice_, mode=get_mode("strict"))})
     assert report.inference is not None and report.inference.phases_from == "marked"
     serving = report.inference.modes["strict"]
     assert row["ttft_s"] == pytest.approx(serving.ttft_s) and row["ttft_s"] > 0

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from tpusim.errors import TpusimError
+from tpusim.pricing.compiled import ask_compiler
 from tpusim.report.xla import xla_lines
 from tpusim.run import pipeline
 from tpusim.run.options import RunOptions
-from tpusim.run.progress import Progress
 from tpusim.trace.records import OpRecord, Trace, TraceMeta, XlaModule
 from tpusim.xla import compiler, programs
 
@@ -26,24 +26,24 @@ def no_extra(monkeypatch):
 
 
 def test_auto_without_the_extra_falls_back_with_one_reason(no_extra):
-    estimates = pipeline._xla_estimates(TRACE, None, "auto", Progress(quiet=True))
+    estimates = ask_compiler(TRACE, None, "auto")
     assert not estimates.priced and estimates.fell_back == (f"graph 0 (forward): {NO_EXTRA}",)
 
 
 def test_no_compiled_graph_no_compiler_section():
-    assert pipeline._xla_estimates(Trace(records=()), None, "auto", Progress(quiet=True)) is None
+    assert ask_compiler(Trace(records=()), None, "auto") is None
 
 
 def test_an_eager_run_without_the_extra_says_what_it_would_add(no_extra):
     op = OpRecord(0, "aten::mm", "mxu", "float32")
-    estimates = pipeline._xla_estimates(Trace(records=(op,)), None, "auto", Progress(quiet=True))
+    estimates = ask_compiler(Trace(records=(op,)), None, "auto")
     assert estimates.fell_back == (f"eager ops: {NO_EXTRA}",)
-    assert pipeline._xla_estimates(Trace(records=(op,)), None, "model", Progress(quiet=True)) is None
+    assert ask_compiler(Trace(records=(op,)), None, "model") is None
 
 
 def test_model_is_never_the_compiler(monkeypatch):
     monkeypatch.setattr(programs, "missing", lambda: None)
-    estimates = pipeline._xla_estimates(TRACE, None, "model", Progress(quiet=True))
+    estimates = ask_compiler(TRACE, None, "model")
     assert estimates.fell_back == ("graph 0 (forward): --compiler model",)
 
 

@@ -11,7 +11,7 @@ from jax._src.interpreters import mlir
 from jax._src.lib import _jax
 from test_fusion import ew, free, kernels, toy_chip
 
-from tpusim.eager.fusion import ClusterCall, CompiledProgram, cluster_call, fuse
+from tpusim.eager.fusion import ClusterCall, CompiledProgram, CompilerOutput, cluster_call, fuse
 from tpusim.trace.records import StepMarker, renumber
 from tpusim.xla.clusters import compose
 
@@ -76,7 +76,7 @@ def test_fused_runs_a_compiled_cluster_as_xlas_kernels():
     ((number, first, call),) = found
     model = kernels(fuse(records, toy_chip()).records)
     xla = CompiledProgram(tuple(model))                # stand-in kernels: the first of them replaces the cluster
-    fused = kernels(fuse(records, toy_chip(), compiled_clusters={call: xla}).records)
+    fused = kernels(fuse(records, toy_chip(), compiled=CompilerOutput(clusters={call: xla})).records)
     assert [k.cluster for k in fused] == [number] * len(model) and first == records[0].seq
     assert fused[0].parts == (records[0], records[1], records[3]) and fused[0].inputs and fused[-1].outputs
     with pytest.raises(StopIteration):

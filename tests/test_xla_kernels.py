@@ -7,7 +7,8 @@ from factories import MB, N
 from test_fusion import alloc, chain, ew, kernels, program, t, toy_chip
 from test_xla_hlo import WORK
 
-from tpusim.eager.fusion import CompiledProgram, fuse
+from tpusim.eager.fusion import CompiledProgram, CompilerOutput, fuse
+from tpusim.eager.modes import get_mode
 from tpusim.hardware.compute import kernel_cost
 from tpusim.pricing import price
 from tpusim.pricing.planning import plan
@@ -35,7 +36,7 @@ def traced():
 
 def test_xlas_kernels_replace_the_models_for_the_programs_the_compiler_built():
     records = traced()
-    fused = fuse(records, toy_chip(), eager=False, compiled={1: XLA})
+    fused = fuse(records, toy_chip(), eager=False, compiled=CompilerOutput(programs={1: XLA}))
     ks = kernels(fused.records)
     assert [k.op for k in ks] == ["aten::neg", "xla:batched[kOutput]", "xla:projected[kOutput]",
                                   "xla:in_place[kLoop]", "aten::abs", "fused[mul+add+relu]"]
@@ -53,18 +54,20 @@ def test_the_engine_prices_xlas_kernels_with_the_chips_model():
     chip = toy_chip()
     slice_ = build_slice("3d:1x1x1", chip=chip)
     trace = Trace(traced())
-    timeline = price(trace, topology=slice_, mode="strict", compiled={1: XLA, 2: XLA})
+    timeline = price(trace, topology=slice_, mode=get_mode("strict"),
+                     compiled=CompilerOutput(programs={1: XLA, 2: XLA}))
     device = {e.name: e.end_s - e.start_s for e in timeline.events if e.kind == "op" and e.name.startswith("xla:")}
     for kernel in XLA.records:
         assert device[kernel.op] == pytest.approx(kernel_cost(kernel, chip).seconds, rel=1e-9)
     assert timeline.kernels == 2 + 2 * len(XLA.records)
-    model = price(trace, topology=slice_, mode="strict")
+    model = price(trace, topology=slice_, mode=get_mode("strict"))
     assert model.kernels == 4 and timeline.total_s != model.total_s
 
 
 def test_a_program_xla_built_no_kernel_for_keeps_the_models():
     records = traced()
-    assert kernels(fuse(records, toy_chip(), eager=False, compiled={1: CompiledProgram(())}).records) == \
+    nothing = CompilerOutput(programs={1: CompiledProgram(())})
+    assert kernels(fuse(records, toy_chip(), eager=False, compiled=nothing).records) == \
         kernels(fuse(records, toy_chip(), eager=False).records)
 
 
@@ -93,7 +96,8 @@ def xla_schedule(overlapped: bool):
 
 
 def test_a_graph_compiled_whole_runs_xlas_collectives_over_the_recorded_group():
-    fused = fuse(whole_graph_trace(), toy_chip(), eager=False, compiled={1: xla_schedule(True)})
+    fused = fuse(whole_graph_trace(), toy_chip(), eager=False,
+                 compiled=CompilerOutput(programs={1: xla_schedule(True)}))
     out = [r for r in fused.records if isinstance(r, OpRecord | CollectiveRecord)]
     assert [getattr(r, "op", "") or r.collective for r in out] == ["all_gather", "xla:busy[kLoop]",
                                                                      "xla:reader[kLoop]"]
@@ -108,8 +112,9 @@ def test_an_all_gather_xla_overlaps_is_priced_hidden():
     """The all-gather runs on ICI while the kernel XLA scheduled between its start and done runs: the device
     waits only for what is left of it; scheduled synchronously, all of it is exposed."""
     slice_ = build_slice("3d:2x2x1", chip=toy_chip())
-    runs = {overlapped: price(Trace(whole_graph_trace(), world_size=4), topology=slice_, mode="strict",
-                              compiled={1: xla_schedule(overlapped)}) for overlapped in (True, False)}
+    runs = {overlapped: price(Trace(whole_graph_trace(), world_size=4), topology=slice_, mode=get_mode("strict"),
+                              compiled=CompilerOutput(programs={1: xla_schedule(overlapped)}))
+            for overlapped in (True, False)}
     gather_s = runs[False].collective_exposed_s
     busy_s = next(e.end_s - e.start_s for e in runs[True].events if e.name == "xla:busy[kLoop]")
     assert gather_s > busy_s == pytest.approx(11e-6)                  # 10 MB at 1 TB/s, plus a 1 us launch
@@ -122,16 +127,16 @@ def test_an_eager_op_runs_as_its_xla_kernels_dispatched_and_compiled_once_in_str
     records = traced()
     neg = records[1]
     built = {record_signature(neg): XLA}
-    strict = fuse(records, toy_chip(), eager=False, compiled_ops=built)
+    strict = fuse(records, toy_chip(), eager=False, compiled=CompilerOutput(ops=built))
     ks = kernels(strict.records)
     assert [k.op for k in ks[:3]] == ["xla:batched[kOutput]", "xla:projected[kOutput]", "xla:in_place[kLoop]"]
     first, middle, last = ks[:3]
     assert first.inputs == neg.inputs and last.outputs == neg.outputs and middle.inputs == middle.outputs == ()
     assert first.parts == (neg,) and [k.follows for k in ks[:3]] == [False, True, True]
     chip = toy_chip(compile_s=1.0)
-    planned = plan(Trace(records), "strict", chip, compiled_ops=built)
+    planned = plan(Trace(records), get_mode("strict"), chip, CompilerOutput(ops=built))
     dispatch = dict(zip(planned.streams[0].records, planned.streams[0].dispatch_s))
     assert [dispatch[k] for k in ks[:3]] == [pytest.approx(0.5e-6), 0.0, 0.0]      # one op, one dispatch
     assert planned.meta["compile_cache"].misses == 1 + 1 + 1   # neg, abs, and the one program (run twice)
-    fused = fuse(records, toy_chip(), compiled_ops=built)      # Fused: its clusters stay tpusim's
+    fused = fuse(records, toy_chip(), compiled=CompilerOutput(ops=built))      # Fused: its clusters stay tpusim's
     assert not any(k.op.startswith("xla:") for k in kernels(fused.records))

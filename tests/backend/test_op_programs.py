@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = r"""
 import json, sys
 import torch
@@ -49,3 +51,29 @@ def test_every_eager_op_has_its_signature_lowered_and_nothing_is_kept_alive(tmp_
     assert "tanh" in on["text"][gelu] or "erf" in on["text"][gelu]
     lowered = [k for k, text in on["text"].items() if text]
     assert len(lowered) >= len(on["signatures"]) - 2             # the random init alone may lack a lowering
+
+
+CONFIGURED = r"""
+import json, os, sys
+import torch
+import tpusim.backend as backend
+os.environ.pop("TPUSIM_XLA_OPS", None)
+backend.configure(backend.load_config(op_programs=sys.argv[2] == "1"))
+with backend.recording() as rec:
+    torch.nn.Linear(8, 4).to("tpu")(torch.randn(2, 8, device="tpu")).sum()
+json.dump(len(rec.trace.meta.xla_ops or ()), open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.slow
+def test_the_device_config_not_the_environment_says_whether_op_programs_are_kept(tmp_path):
+    """``DeviceConfig.op_programs`` (what `tpusim run` sets from --compiler) decides it; the variable is unset."""
+    kept = {}
+    for on in ("1", "0"):
+        out = tmp_path / f"kept_{on}.json"
+        env = {k: v for k, v in os.environ.items() if k != "TPUSIM_XLA_OPS"}
+        done = subprocess.run([sys.executable, "-c", CONFIGURED, str(out), on], capture_output=True, text=True,
+                              timeout=600, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        kept[on] = json.loads(out.read_text())
+    assert kept["1"] > 0 and kept["0"] == 0

@@ -448,3 +448,12 @@ def test_every_c10d_name_of_tpusim_is_one_registered_backend() -> None:
     assert all(dist.is_backend_available(name) for name in C10D_NAMES)
     creators = {dist.Backend._plugins[name.upper()].creator_fn for name in C10D_NAMES}
     assert len(creators) == 1
+
+
+def test_import_torch_tpu_registers_the_device_with_the_autoload_off() -> None:
+    # issue 44, TT4: with TORCH_DEVICE_BACKEND_AUTOLOAD=0, `import torch_tpu` (which registers TorchTPU's device)
+    # left "tpu" unknown to torch: the first device="tpu" got torch's "Expected one of cpu, ..."
+    code = "import torch_tpu, torch\nprint('VALUE', (torch.ones(2, device='tpu') + 1).sum().item())\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert "VALUE 4.0" in done.stdout, done.stderr

@@ -99,6 +99,23 @@ def test_accelerator_type_names_the_chip_and_the_hosts_devices(accelerator, name
     assert (config.chip.display_name, config.device_count) == (name, count)
 
 
+def test_an_accelerator_type_that_is_a_path_is_never_read_as_a_chip_file(tmp_path, monkeypatch):
+    # issue 44, NA3: ACCELERATOR_TYPE=/etc/passwd-8 had tpusim read /etc/passwd as a chip TOML file
+    from tpusim.backend.config import load_config
+    from tpusim.hardware.spec import default_chip
+
+    chip_file = tmp_path / "v6e"
+    chip_file.write_text("not read")
+    for key in [k for k in os.environ if k.startswith(("TPUSIM_", "TORCH_TPU_", "TPU_VISIBLE"))]:
+        monkeypatch.delenv(key)
+    for value in ("/etc/passwd-8", f"{chip_file}-8", "v6e.toml-8", "../v6e-8"):
+        monkeypatch.setenv("ACCELERATOR_TYPE", value)
+        with pytest.warns(RuntimeWarning, match="accepted: a Cloud TPU accelerator type") as seen:
+            config = load_config()
+        assert not any("TOML" in str(w.message) or "passwd:" in str(w.message) for w in seen)
+        assert config.chip.name == default_chip().name
+
+
 def test_torchtpus_mode_variable_picks_the_mode_tpusim_run_prices(monkeypatch):
     """`TORCH_TPU_DEFER_AND_FUSE=1 tpusim run script.py` prices Fused eager, the mode the script's author chose;
     --mode still wins."""

@@ -137,18 +137,20 @@ def test_a_compiled_training_step_is_recorded_as_a_forward_and_a_backward_progra
 
 
 def test_the_compiled_program_prices_below_the_same_model_run_eagerly() -> None:
+    from tpusim.eager.modes import get_mode
     from tpusim.pricing import price
+    from tpusim.slice.topology import build_slice
 
     def steady_step(trace: object, mode: str) -> float:
-        return price(trace, topology="3d:1x1x1", chip="v5p", mode=mode).steps[-1].seconds
+        return price(trace, topology=build_slice("3d:1x1x1", chip="v5p"), mode=get_mode(mode)).steps[-1].seconds
 
     compiled, eager = _mlp_steps(compiled=True), _mlp_steps(compiled=False)
     for mode in ("debug", "strict"):    # one launch per graph and whole-graph fusion against one launch per op
         assert steady_step(compiled, mode) < steady_step(eager, mode)
-    timeline = price(compiled, topology="3d:1x1x1", chip="v5p", mode="strict")
+    timeline = price(compiled, topology=build_slice("3d:1x1x1", chip="v5p"), mode=get_mode("strict"))
     fusion = timeline.meta["fusion"]
     assert fusion.programs == 4 and fusion.program_kernels < fusion.program_ops
-    eager_run = price(eager, topology="3d:1x1x1", chip="v5p", mode="strict")
+    eager_run = price(eager, topology=build_slice("3d:1x1x1", chip="v5p"), mode=get_mode("strict"))
     # the forward and backward graphs compile once each, where eager compiles every distinct op
     assert timeline.meta["compile_cache"].misses < eager_run.meta["compile_cache"].misses
 

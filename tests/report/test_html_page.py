@@ -9,6 +9,7 @@ import html5lib
 import pytest
 from test_links_and_collectives import tp_trace
 
+from tpusim.eager.modes import get_mode
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, write_report
 from tpusim.report.lint import lint
@@ -21,7 +22,7 @@ BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-c
 @pytest.fixture(scope="module")
 def page(tmp_path_factory):
     trace, slice_ = tp_trace(), build_slice("3d:4x4x4", "v5p")
-    timelines = {mode: price(trace, topology=slice_, mode=mode) for mode in ("strict", "fused")}
+    timelines = {mode: price(trace, topology=slice_, mode=get_mode(mode)) for mode in ("strict", "fused")}
     report = build_report(RunInfo("tp.py", tokens_per_step=8192), trace, slice_, timelines,
                           lint(trace, slice_.chip, timelines["fused"]))
     out = write_report(tmp_path_factory.mktemp("html"), report, timelines)

@@ -16,6 +16,7 @@ import html5lib
 import pytest
 from factories import training_trace
 
+from tpusim.eager.modes import get_mode
 from tpusim.errors import TpusimError
 from tpusim.hardware.spec import load_chip
 from tpusim.pricing import price
@@ -25,6 +26,8 @@ from tpusim.report.inference import find_phases
 from tpusim.report.text import seconds_text
 from tpusim.slice.topology import build_slice
 from tpusim.trace.records import PHASE_REASON, HostRecord, OpRecord, TensorMeta, Trace, renumber
+
+STRICT = get_mode("strict")
 
 LAYERS, BATCH, HEADS, HEAD_DIM, CONTEXT, PROMPT, STEPS, DIM = 2, 4, 8, 128, 512, 16, 8, 8192
 BF16 = 2
@@ -98,7 +101,7 @@ def test_a_cache_grown_by_cat_behind_matmul_attention_is_found_by_its_growth():
 def inference_report():
     slice_ = build_slice("3d:1x1x1", "v5p")
     trace = decode_trace()
-    return build_report(RunInfo("serve.py"), trace, slice_, {"strict": price(trace, topology=slice_, mode="strict")})
+    return build_report(RunInfo("serve.py"), trace, slice_, {"strict": price(trace, topology=slice_, mode=STRICT)})
 
 
 @pytest.mark.parametrize("kv_dtype, item", [("int8", 1), ("float8_e4m3fn", 1)])
@@ -111,7 +114,7 @@ def test_a_quantised_kv_cache_counts_its_own_bytes_and_fits_twice_the_batch(kv_d
         trace = factories.decode_trace(layers=LAYERS, batch=BATCH, heads=HEADS, head_dim=HEAD_DIM, dim=DIM,
                                        context=CONTEXT, prompt=PROMPT, steps=STEPS, kv_dtype=dtype)
         sections[dtype] = build_report(RunInfo("serve.py"), trace, slice_,
-                                       {"strict": price(trace, topology=slice_, mode="strict")}).inference
+                                       {"strict": price(trace, topology=slice_, mode=get_mode("strict"))}).inference
     quantised, full = sections[kv_dtype], sections["bfloat16"]
     assert quantised.kv_cache.bytes_per_token == 2 * LAYERS * HEADS * HEAD_DIM * item
     assert quantised.kv_cache.dtype == kv_dtype and quantised.weights_bytes == full.weights_bytes
@@ -132,6 +135,30 @@ def test_kv_cache_weights_and_what_fits_follow_the_closed_forms(inference_report
     assert fits.fits and fits.max_batch_at_context == (chip.hbm_bytes - section.weights_bytes) // (per_token * CONTEXT)
     assert f"batch {BATCH} at context {CONTEXT} fits" in fits.line
     assert f"at context {CONTEXT} the largest batch is {fits.max_batch_at_context}" in fits.line
+
+
+def test_what_fits_is_measured_against_the_hbm_the_run_was_configured_with():
+    # issue 44, IN1: a decode loop run with TPUSIM_HBM_BYTES=64000000 ran out of memory, and its report said the
+    # batch "fits (40.2 MiB of 95 GiB HBM per chip)": the datasheet's HBM, not the capacity the run died on
+    from tpusim.trace.records import TraceMeta
+
+    slice_ = build_slice("3d:1x1x1", "v5p")
+    base = decode_trace()
+    per_token = 2 * LAYERS * HEADS * HEAD_DIM * BF16
+    needed = LAYERS * DIM * DIM * BF16 + BATCH * CONTEXT * per_token
+    small = needed - 1                                           # one byte short, per device (v5p: one per chip)
+    sections = {}
+    for name, meta in (("configured", TraceMeta(chip="v5p", hbm_bytes=small)),
+                       ("other chip", TraceMeta(chip="v6e", hbm_bytes=small)),   # recorded elsewhere: datasheet's
+                       ("datasheet", TraceMeta(chip="v5p", hbm_bytes=slice_.chip.hbm_bytes))):
+        trace = dataclasses.replace(base, meta=meta)
+        sections[name] = build_report(RunInfo("serve.py"), trace, slice_,
+                                      {"strict": price(trace, topology=slice_, mode=get_mode("strict"))}).inference.fits
+    configured = sections["configured"]
+    assert configured.fits is False and configured.hbm_bytes == small and configured.max_batch_at_context == BATCH - 1
+    assert "does not fit" in configured.line and "(the run's TPUSIM_HBM_BYTES)" in configured.line
+    for name in ("other chip", "datasheet"):
+        assert sections[name].fits and sections[name].hbm_bytes == slice_.chip.hbm_bytes
 
 
 def test_ttft_tpot_tokens_per_second_and_the_hbm_bound(inference_report):
@@ -207,7 +234,7 @@ def _tensor_parallel(dim: int):
     trace = factories.decode_trace(layers=LAYERS, batch=BATCH, heads=HEADS, head_dim=HEAD_DIM, dim=dim,
                                    context=CONTEXT, prompt=PROMPT, steps=STEPS, marked=True, tp=4)
     slice_ = build_slice("2d:2x2", "v6e")
-    timeline = price(trace, topology=slice_, mode="strict")
+    timeline = price(trace, topology=slice_, mode=get_mode("strict"))
     report = build_report(RunInfo("serve.py"), trace, slice_, {"strict": timeline})
     return report, timeline, find_phases(trace)
 
@@ -256,7 +283,7 @@ def test_a_decode_loop_that_compiles_every_step_says_why_how_often_and_the_fix_i
     compiles nothing after its first step."""
     slice_ = build_slice("3d:1x1x1", "v5p")
     trace = grown_cache_trace()
-    timelines = {mode: price(trace, topology=slice_, mode=mode) for mode in ("strict", "fused")}
+    timelines = {mode: price(trace, topology=slice_, mode=get_mode(mode)) for mode in ("strict", "fused")}
     report = build_report(RunInfo("generate.py"), trace, slice_, timelines)
     strict, fused = report.inference.modes["strict"], report.inference.modes["fused"]
     assert strict.decode_compiles_per_step == 3
@@ -279,7 +306,7 @@ def test_a_decode_loop_that_compiles_every_step_says_why_how_often_and_the_fix_i
     verdict = page.split("<p class='verdict'>")[1].split("</p>")[0]
     assert f"TTFT {seconds_text(strict.ttft_s)}" in verdict or f"TTFT {seconds_text(fused.ttft_s)}" in verdict
     static = build_report(RunInfo("serve.py"), decode_trace(), slice_,
-                          {"strict": price(decode_trace(), topology=slice_, mode="strict")}).inference.modes["strict"]
+                          {"strict": price(decode_trace(), topology=slice_, mode=STRICT)}).inference.modes["strict"]
     assert static.decode_compiles_per_step == 0 and "Fix:" not in static.verdict
 
 

@@ -4,6 +4,7 @@ values below the simulator's resolution print as 0."""
 import pytest
 from factories import A, B, C
 
+from tpusim.eager.modes import get_mode
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report
 from tpusim.report.collectives import group_collectives
@@ -31,7 +32,7 @@ def tp_trace(steps: int = 3, gathers: int = 4) -> Trace:
 @pytest.fixture(scope="module")
 def tp_report():
     trace, slice_ = tp_trace(), build_slice("3d:4x4x4", "v5p")
-    timeline = price(trace, topology=slice_, mode="strict")
+    timeline = price(trace, topology=slice_, mode=get_mode("strict"))
     return timeline, build_report(RunInfo("tp.py"), trace, slice_, {"strict": timeline}).to_dict()["modes"]["strict"]
 
 
@@ -107,7 +108,7 @@ def test_the_collectives_table_says_when_it_counts_every_rank_and_trace_json_its
     from tpusim.report.perfetto import perfetto_trace
 
     trace, slice_ = tp_trace(), build_slice("3d:4x4x4", "v5p")
-    timeline = price(trace, topology=slice_, mode="strict")
+    timeline = price(trace, topology=slice_, mode=get_mode("strict"))
     mode = build_report(RunInfo("tp.py"), trace, slice_, {"strict": timeline}).modes["strict"]
     assert collective_groups(mode, 1)["scope"] == ""
     assert "every process group of the 4 ranks recorded" in collective_groups(mode, 4)["scope"]

@@ -3,10 +3,13 @@ peak reads at most 100% (against bf16's peak it read 114-117% on int8 runs)."""
 
 import pytest
 
+from tpusim.eager.modes import get_mode
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report
 from tpusim.slice.topology import build_slice
 from tpusim.trace.records import OpRecord, StepMarker, TensorMeta, Trace, renumber
+
+STRICT = get_mode("strict")
 
 N = 8192   # a multiple of every MXU size: no tile padding, so a matmul this big runs at the MXU peak
 
@@ -23,7 +26,7 @@ def matmul(dtype: str, out_dtype: str, size: int = 1) -> OpRecord:
 def utilisation(*ops: OpRecord) -> float:
     slice_ = build_slice("3d:1x1x1", "v5p")
     trace = Trace(renumber([*ops, StepMarker(0, 0)]))
-    report = build_report(RunInfo("mm.py"), trace, slice_, {"strict": price(trace, topology=slice_, mode="strict")})
+    report = build_report(RunInfo("mm.py"), trace, slice_, {"strict": price(trace, topology=slice_, mode=STRICT)})
     return report.modes["strict"].mxu_utilisation
 
 

@@ -8,6 +8,7 @@ from factories import training_trace
 
 from tpusim.cli.compare import _ratio, notes
 from tpusim.cli.main import main
+from tpusim.eager.modes import get_mode
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, write_report
 from tpusim.run.progress import Progress
@@ -62,7 +63,7 @@ def test_compare_notes_a_different_chip_and_torus(tmp_path):
     reports = []
     for chip, topology in (("v5p", "3d:1x1x1"), ("v6e", "2d:1x1")):
         slice_ = build_slice(topology, chip)
-        timelines = {"strict": price(trace, topology=slice_, mode="strict")}
+        timelines = {"strict": price(trace, topology=slice_, mode=get_mode("strict"))}
         report = build_report(RunInfo("model.py"), trace, slice_, timelines)
         write_report(tmp_path / chip, report, timelines)
         reports.append(report)
@@ -97,7 +98,7 @@ def test_compare_reads_a_version_2_report_and_says_its_median_meant_something_el
     assert SCHEMA_VERSION >= 3                 # step_time_median_s and hfu: the steady state since version 3
     trace = training_trace()
     slice_ = build_slice("3d:1x1x1")
-    timelines = {"strict": price(trace, topology=slice_, mode="strict")}
+    timelines = {"strict": price(trace, topology=slice_, mode=get_mode("strict"))}
     new = build_report(RunInfo("model.py"), trace, slice_, timelines)
     write_report(tmp_path / "v3", new, timelines)
     old = json.loads((tmp_path / "v3" / "report.json").read_text())

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tpusim.eager.modes import get_mode
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, write_report
 from tpusim.report.load import load_report
@@ -54,7 +55,7 @@ def mixed_trace(steps: int = 3) -> Trace:
 @pytest.fixture(scope="module")
 def report_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     trace, slice_ = mixed_trace(), build_slice("2d:2x2", "v5e")
-    timelines = {mode: price(trace, topology=slice_, mode=mode) for mode in ("debug", "strict", "fused")}
+    timelines = {mode: price(trace, topology=slice_, mode=get_mode(mode)) for mode in ("debug", "strict", "fused")}
     folder = tmp_path_factory.mktemp("report")
     write_report(folder, build_report(RunInfo("train.py", topology="2d:2x2"), trace, slice_, timelines), timelines)
     return folder

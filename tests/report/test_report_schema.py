@@ -7,6 +7,7 @@ import re
 import pytest
 from factories import training_trace
 
+from tpusim.eager.modes import get_mode
 from tpusim.errors import TpusimError
 from tpusim.pricing import price
 from tpusim.report import Report, RunInfo, build_report, json_schema, load_report, report_json, write_report
@@ -17,7 +18,7 @@ from tpusim.slice.topology import build_slice
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
     trace, slice_ = training_trace(), build_slice("3d:1x1x1")
-    timelines = {mode: price(trace, topology=slice_, mode=mode) for mode in ("strict", "fused")}
+    timelines = {mode: price(trace, topology=slice_, mode=get_mode(mode)) for mode in ("strict", "fused")}
     report = build_report(RunInfo("model.py", argv=("--steps", "3")), trace, slice_, timelines)
     return report, write_report(tmp_path_factory.mktemp("schema"), report, timelines)
 

@@ -7,6 +7,7 @@ from statistics import median
 import pytest
 from factories import A, B, C, training_trace
 
+from tpusim.eager.modes import get_mode
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, summary_table
 from tpusim.report.headline import peak_of_dtypes
@@ -37,7 +38,7 @@ def late_compile_trace(steps: int = 5) -> Trace:
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 def test_steps_that_compile_are_warm_up_and_the_median_leaves_them_out(mode):
     slice_ = build_slice("3d:1x1x1", "v5p")
-    timeline = price(late_compile_trace(), topology=slice_, mode=mode)
+    timeline = price(late_compile_trace(), topology=slice_, mode=get_mode(mode))
     steps = split_steps(timeline)
     assert steps.count == 5 and steps.warmup == 2 and steps.compiles[2:] == (0, 0, 0)
     assert steps.compiles[0] >= 1 and steps.compiles[1] >= 1 and "compile-cache miss" in steps.reason
@@ -54,7 +55,7 @@ def test_steps_that_compile_are_warm_up_and_the_median_leaves_them_out(mode):
 def test_a_run_without_steps_says_so_instead_of_a_step_time():
     trace = Trace(renumber([mm("x.py:1"), mm("x.py:2")]))
     slice_ = build_slice("3d:1x1x1", "v5p")
-    timeline = price(trace, topology=slice_, mode="strict")
+    timeline = price(trace, topology=slice_, mode=get_mode("strict"))
     assert split_steps(timeline).count == 0
     report = build_report(RunInfo("x.py"), trace, slice_, {"strict": timeline})
     table = summary_table(report, "out")
@@ -68,7 +69,7 @@ def test_a_run_without_steps_says_so_instead_of_a_step_time():
 def test_a_program_where_nothing_ran_on_the_device_is_bound_by_nothing():
     slice_ = build_slice("3d:1x1x1", "v5p")
     trace = Trace(renumber([StepMarker(0, 0)]))
-    timeline = price(trace, topology=slice_, mode="strict")
+    timeline = price(trace, topology=slice_, mode=get_mode("strict"))
     report = build_report(RunInfo("x.py"), trace, slice_, {"strict": timeline})
     head = report.modes["strict"].headline
     assert head.bound is None and head.levers == []
@@ -81,7 +82,7 @@ def test_every_step_compiling_keeps_the_last_as_steady_state():
     records = []
     for step, rows in enumerate((16, 32, 48)):       # a new shape each step: each compiles
         records += [mm("t.py:1", rows=rows), StepMarker(0, step)]
-    timeline = price(Trace(renumber(records)), topology=build_slice("3d:1x1x1", "v5p"), mode="strict")
+    timeline = price(Trace(renumber(records)), topology=build_slice("3d:1x1x1", "v5p"), mode=get_mode("strict"))
     steps = split_steps(timeline)
     assert (steps.warmup, steps.steady) == (2, 1) and "last step stands for the steady state" in steps.reason
     assert steps.steady_median_s == timeline.steps[-1].seconds
@@ -90,7 +91,7 @@ def test_every_step_compiling_keeps_the_last_as_steady_state():
 def test_headline_numbers_follow_from_the_steady_step():
     trace = training_trace(4)
     slice_ = build_slice("3d:1x1x1", "v5p")
-    timelines = {"strict": price(trace, topology=slice_, mode="strict")}
+    timelines = {"strict": price(trace, topology=slice_, mode=get_mode("strict"))}
     report = build_report(RunInfo("model.py", tokens_per_step=4096), trace, slice_, timelines,
                           lint(trace, slice_.chip, timelines["strict"]))
     head = report.modes["strict"].headline
@@ -112,7 +113,7 @@ def test_model_flops_utilisation_is_six_parameters_tokens_over_the_step_and_hfu_
     trace = training_trace(4)
     trace = dataclasses.replace(trace, meta=trace.meta.replace(trained_parameters=10_000))
     slice_ = build_slice("3d:1x1x1", "v5p")
-    timelines = {"strict": price(trace, topology=slice_, mode="strict")}
+    timelines = {"strict": price(trace, topology=slice_, mode=get_mode("strict"))}
     report = build_report(RunInfo("model.py", tokens_per_step=4096), trace, slice_, timelines, [])
     head = report.modes["strict"].headline
     assert head.model_flops_per_step_per_chip == 6 * 10_000 * 4096
@@ -147,7 +148,7 @@ def test_a_collective_bound_step_reads_ici_with_its_lever():
                     CollectiveRecord(0, "all_reduce", grad.nbytes, inputs=(grad,), outputs=(grad,), source="t.py:2"),
                     StepMarker(0, step)]
     trace, slice_ = Trace(renumber(records), world_size=64), build_slice("3d:4x4x4", "v5p")
-    timelines = {"strict": price(trace, topology=slice_, mode="strict")}
+    timelines = {"strict": price(trace, topology=slice_, mode=get_mode("strict"))}
     report = build_report(RunInfo("t.py"), trace, slice_, timelines, lint(trace, slice_.chip, timelines["strict"]))
     mode = report.modes["strict"]
     head = mode.headline
@@ -165,7 +166,7 @@ def test_ranks_all_counts_per_rank_everywhere():
             records += [OpRecord(0, "aten::mm", "mxu", "bfloat16", (A, B), (C,), flops=1e6, matmul=(1, 64, 128, 64),
                                  source="t.py:1", rank=rank), StepMarker(0, step, rank=rank)]
     trace, slice_ = Trace(renumber(records), world_size=4, meta=TraceMeta(ranks="all")), build_slice("2d:2x2", "v6e")
-    timeline = price(trace, topology=slice_, mode="strict")
+    timeline = price(trace, topology=slice_, mode=get_mode("strict"))
     assert timeline.kernels == 12 and len(timeline.chips_simulated) == 4
     report = build_report(RunInfo("t.py"), trace, slice_, {"strict": timeline})
     mode = report.modes["strict"]

@@ -13,6 +13,7 @@ import pytest
 from factories import training_trace
 
 from tpusim.cli.compare import comparison
+from tpusim.eager.modes import get_mode
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, write_report
 from tpusim.report.html import headline_cards
@@ -30,7 +31,7 @@ def _report() -> Report:
     trace = dataclasses.replace(trace, meta=trace.meta.replace(trained_parameters=PARAMS))
     slice_ = build_slice("3d:1x1x1", "v5p")
     return build_report(RunInfo("model.py", tokens_per_step=TOKENS), trace, slice_,
-                        {"strict": price(trace, topology=slice_, mode="strict")}, [])
+                        {"strict": price(trace, topology=slice_, mode=get_mode("strict"))}, [])
 
 
 def test_hfu_and_mfu_are_named_for_what_they_hold() -> None:

@@ -19,6 +19,8 @@ TPUSIM_F64         "warn" (default): float64/complex ops run on the host with a 
                    per op; "error": they raise; "allow": silent
 TPUSIM_TARGET      "sim" (default): ops computed by CPU kernels on host memory; "pjrt": through
                    JAX (tpusim/backend/targets/)
+TPUSIM_XLA_OPS     yes/no (default no): the recording keeps each distinct eager op's one-op program for the
+                   TPU compiler (``DeviceConfig.op_programs``; ``tpusim run`` sets the field from --compiler)
 TPUSIM_DEVICE_CONFIG  a whole DeviceConfig as JSON (``DeviceConfig.env()``): how a process hands
                    its config to the worker processes it starts (``--ranks all`` ranks); when
                    set, the variables above and below are not read
@@ -94,6 +96,8 @@ class DeviceConfig:
     topology: tuple[int, ...] | None = None    # the slice in chips (x, y, z), TORCH_TPU_TOPOLOGY; None: unsaid
     visible_devices: tuple[int, ...] | None = None   # host device ids this process sees (TPU_VISIBLE_DEVICES)
     devices_per_host: int | None = None    # None: the chip's chips per host x devices per chip
+    op_programs: bool = False              # keep each distinct eager op's one-op program for the TPU compiler
+    #                                        (backend/op_programs.py; tpusim run sets it from --compiler)
 
     def __post_init__(self) -> None:
         if not isinstance(self.chip, ChipSpec):
@@ -116,6 +120,7 @@ class DeviceConfig:
                    "True or False; True needs numerics=True (shape-only mode computes no values) and the sim "
                    "target (the pjrt target computes through JAX: a TPU's own numbers on a TPU)"),
                   ("f64", self.f64 in F64_POLICIES, ", ".join(F64_POLICIES)),
+                  ("op_programs", isinstance(self.op_programs, bool), "True or False"),
                   ("device_count", _whole(self.device_count) and 1 <= self.device_count <= MAX_DEVICES,
                    f"1..{MAX_DEVICES}"),
                   ("hbm_bytes", _whole(self.hbm_bytes) and self.hbm_bytes >= 0, "bytes >= 0 (0: unlimited)"),
@@ -304,6 +309,7 @@ def load_config(**given: object) -> DeviceConfig:
         "hbm_bytes": lambda: _count("TPUSIM_HBM_BYTES", 0, MAX_HBM_BYTES,
                                     "a whole number of bytes >= 0, e.g. 16e9 (0: unlimited)"),
         "target": lambda: _choice("TPUSIM_TARGET", "sim", TARGETS),
+        "op_programs": lambda: bool(envvars.read("TPUSIM_XLA_OPS")),
     }
     fields = {name: given[name] if name in given else read() for name, read in readers.items()}
     word = fields["numerics"]                     # "on", "off" or "tpu" from the variable; a given bool as it is

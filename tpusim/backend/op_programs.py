@@ -1,7 +1,8 @@
 """Each distinct eager op of a recording as a one-op program for the TPU compiler (tpusim/xla/).
 
-In Strict and Debug every eager op is its own XLA executable on a TPU. With ``TPUSIM_XLA_OPS`` on
-(``tpusim run`` sets it when the compiler prices the run), every op's cost is asked at the op with its
+In Strict and Debug every eager op is its own XLA executable on a TPU. With the device config's
+``op_programs`` on (``DeviceConfig.op_programs``: ``tpusim run`` sets it when the compiler prices the run, a plain
+script with ``TPUSIM_XLA_OPS=1``), every op's cost is asked at the op with its
 arguments (``asked_at_op``): the shim asks once per distinct call, and ``note`` keeps the first call of each
 signature (``tpusim.trace.records.op_signature``: name, shapes, dtypes). When the recording stops,
 ``lowered`` turns each into StableHLO for TPU through the lowering table: a one-node FX graph of the op
@@ -13,19 +14,14 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from tpusim import envvars
 from tpusim.backend.costs import reads_arguments
+from tpusim.backend.state import STATE
 from tpusim.trace.records import XlaModule, op_signature
-
-_ENABLED: bool | None = None
 
 
 def enabled() -> bool:
-    """Whether eager ops are recorded for the TPU compiler (TPUSIM_XLA_OPS, read once per process)."""
-    global _ENABLED
-    if _ENABLED is None:
-        _ENABLED = bool(envvars.read("TPUSIM_XLA_OPS"))
-    return _ENABLED
+    """Whether eager ops are recorded for the TPU compiler: the device config in effect says so."""
+    return bool(STATE.config is not None and STATE.config.op_programs)
 
 
 def asked_at_op(name: str) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpusim.errors import TpusimError, printable
-from tpusim.report.text import percent_text, resolved, seconds_text
+from tpusim.report.text import HFU_LABEL, MFU_LABEL, percent_text, resolved, seconds_text
 from tpusim.units import format_bytes
 
 if TYPE_CHECKING:
@@ -33,7 +33,8 @@ METRICS = (
     ("kernels", lambda m: m.kernels, str),
     ("host stall", lambda m: m.host_s.stall, seconds_text),
     ("collectives exposed", lambda m: m.device_s["collective_exposed"], seconds_text),
-    ("MFU", lambda m: m.mfu, percent_text),
+    (HFU_LABEL, lambda m: m.hfu, percent_text),
+    (MFU_LABEL, lambda m: m.headline.model_flops_utilisation if m.headline else None, percent_text),
     ("HBM peak", lambda m: m.hbm.peak_bytes, format_bytes),
 )
 
@@ -73,14 +74,14 @@ def reprice(folder: Path, report: Report, topology: str | None, chip: str | None
     """A's program trace priced again: a new report in memory, labelled by what changed; the programs the
     recording kept (compiled graphs, and eager ops when A ran with the compiler) go through the TPU compiler
     for the new chip as ``compiler`` says (tpusim/xla/)."""
-    from tpusim.eager.modes import DEFAULT_MODE, resolve_modes
+    from tpusim.eager.modes import DEFAULT_MODE, get_mode, resolve_modes
     from tpusim.pricing import price
+    from tpusim.pricing.compiled import ask_compiler, compiler_output
     from tpusim.report import RunInfo, build_report
     from tpusim.report.lint import lint
     from tpusim.slice.faults import apply_faults
     from tpusim.slice.topology import build_slice
     from tpusim.trace.records import read_trace
-    from tpusim.xla.programs import estimate_programs, use_compiler
 
     program = folder / "program.jsonl"
     if not program.is_file():
@@ -90,12 +91,9 @@ def reprice(folder: Path, report: Report, topology: str | None, chip: str | None
                          calibrated=calibration)
     slice_ = apply_faults(slice_, *faults)
     names = resolve_modes(modes) if modes else list(report.modes) or [DEFAULT_MODE]
-    xla = None
-    if use_compiler(compiler) and (trace.meta.xla_modules or trace.meta.xla_ops):
-        xla = estimate_programs(trace, slice_.chip)
-    compiled_by = {} if xla is None else {"compiled": xla.kernels(), "compiled_ops": xla.op_kernels(),
-                                          "compiled_clusters": xla.cluster_kernels()}
-    timelines = {mode: price(trace, topology=slice_, mode=mode, **compiled_by) for mode in names}
+    xla = ask_compiler(trace, slice_.chip, compiler)       # as `tpusim run` asks it (tpusim.pricing.compiled)
+    compiled = compiler_output(xla)
+    timelines = {mode: price(trace, topology=slice_, mode=get_mode(mode), compiled=compiled) for mode in names}
     run = report.run
     info = RunInfo(script=run.script, argv=tuple(run.argv), topology=slice_.spec, numerics=run.numerics,
                    torch_version=run.torch_version, tokens_per_step=run.tokens_per_step)
@@ -127,7 +125,7 @@ def notes(a: Report, b: Report) -> list[str]:
                      f"and torus shape, not only the program")
     if (a.version >= STEADY_MEDIAN_SINCE) != (b.version >= STEADY_MEDIAN_SINCE):
         found.append(f"A is a version {a.version} report and B a version {b.version} one: A's step time "
-                     f"median (and MFU) is over {median_meaning(a)}, B's over {median_meaning(b)}; run the "
+                     f"median (and HFU) is over {median_meaning(a)}, B's over {median_meaning(b)}; run the "
                      f"older one again for a like-for-like comparison")
     for name, report in (("A", a), ("B", b)):
         if report.slice.shape_note:
@@ -148,6 +146,8 @@ def comparison(a: Report, b: Report) -> list[dict[str, Any]]:
     for mode_a, mode_b in pairs:
         for name, get, fmt in METRICS:
             va, vb = get(a.modes[mode_a]), get(b.modes[mode_b])
+            if va is None and vb is None and name == MFU_LABEL:      # neither run knew its tokens per step
+                continue
             rows.append({"mode": mode_a if mode_a == mode_b else f"{mode_a} vs {mode_b}", "metric": name,
                          "a": va, "b": vb, "ratio": _ratio(va, vb), "a_text": fmt(va), "b_text": fmt(vb)})
     return rows

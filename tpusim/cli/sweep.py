@@ -44,6 +44,7 @@ of its swept arguments, then price each recording over the grid."""
 
 def add_parser(subparsers) -> None:
     from tpusim.hardware.calibration import add_calibration_argument
+    from tpusim.xla.programs import COMPILERS
 
     parser = subparsers.add_parser(
         "sweep", help="price one recording over chips x topologies x slices x modes x placements on Dask",
@@ -64,6 +65,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--placement", metavar="MAPS", help="placements separated by ';', e.g. "
                                                              "'tp=x,fsdp=yz;default'")
     add_calibration_argument(parser)
+    parser.add_argument("--compiler", choices=COMPILERS, default="auto",
+                        help="what prices a compiled program, as `tpusim run --compiler` (default auto: the TPU "
+                             "compiler where the xla extra is installed, else tpusim's model)")
     parser.add_argument("--scheduler", metavar="ADDRESS",
                         help="a running Dask scheduler, e.g. tcp://host:8786 (default: DASK_SCHEDULER_ADDRESS, "
                              "else a local cluster)")
@@ -87,6 +91,18 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _utf8(value: str, axis: str) -> str:
+    """A flag's value as text every file of the sweep can hold: bytes that are not UTF-8 (Python keeps them as
+    lone surrogates) are refused here, not by pyarrow writing sweep.parquet after the whole sweep (issue 44)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        flag = {"chips": "chip", "topologies": "topology", "modes": "mode", "placements": "placement"}.get(axis, axis)
+        raise TpusimError(f"--{flag} {value.encode('utf-8', 'surrogateescape')!r}: not UTF-8 text "
+                          f"(byte 0x{ord(value[error.start]) & 0xFF:02x} at offset {error.start})") from None
+    return value
+
+
 def grid_axes(args: argparse.Namespace) -> dict[str, tuple]:
     """The grid from --grid, then each flag given (flags win)."""
     from tpusim.sweep.grid import load_grid_file, split_list
@@ -95,7 +111,7 @@ def grid_axes(args: argparse.Namespace) -> dict[str, tuple]:
     for axis, value in (("chips", args.chip), ("topologies", args.topology), ("modes", args.mode),
                         ("slices", args.slices), ("placements", args.placement)):
         if value is not None:
-            axes[axis] = split_list(value)
+            axes[axis] = split_list(_utf8(value, axis))
     if args.no_calibration:
         axes["calibrations"] = (False,)
     return axes
@@ -116,9 +132,10 @@ def script_settings(args: argparse.Namespace, axes: dict[str, tuple]) -> tuple[d
 
 def run(args: argparse.Namespace) -> int:
     from tpusim.sweep import load_recording, sweep
-    from tpusim.sweep.cluster import progress_bar
+    from tpusim.sweep.cluster import progress_bar, require_dask
     from tpusim.sweep.grid import Grid
 
+    require_dask()                          # before a bar or a recording: an error first, not an empty bar
     axes = grid_axes(args)
     script_axes, tokens = script_settings(args, axes)
     if script_axes or Path(args.report_dir).suffix == ".py":
@@ -134,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     began = time.perf_counter()
     with progress_bar(total, args.quiet) as bar:
         table = sweep(recording, scheduler=args.scheduler, workers=args.workers, retries=args.retries, out=out,
-                      on_row=lambda row: bar.update(1), **axes)
+                      on_row=lambda row: bar.update(1), compiler=args.compiler, **axes)
     return _summary(table, out, time.perf_counter() - began)
 
 
@@ -169,7 +186,8 @@ def _run_script(args: argparse.Namespace, axes: dict[str, tuple], script_axes: d
         try:
             table = sweep_script(script, script_axes, tokens_per_step=tokens, fixed_args=list(args.script_args),
                                  scheduler=args.scheduler, workers=args.workers, retries=args.retries, out=out,
-                                 on_recorded=lambda r: recorded.update(1), on_row=on_row, **axes)
+                                 on_recorded=lambda r: recorded.update(1), on_row=on_row, compiler=args.compiler,
+                                 **axes)
         finally:
             if "bar" in bars:
                 bars["bar"].close()
@@ -178,6 +196,14 @@ def _run_script(args: argparse.Namespace, axes: dict[str, tuple], script_axes: d
         if row.status == "failed" and str(row.error).startswith("recording"):
             print(f"failed: {row.recording}: {row.error}", file=sys.stderr)
     return _summary(table, out, time.perf_counter() - began)
+
+
+def _invalid_reasons(table, shown: int = 3) -> str:
+    """Why the grid's points are invalid, each distinct reason once (the first ``shown``), for the one error line:
+    "every chip x topology pair is invalid" alone hid a bad placement or a topology that is no text (W02, W17)."""
+    reasons = list(dict.fromkeys(str(e) for e in table.loc[table["status"] == "invalid", "error"]))
+    more = f"; and {len(reasons) - shown} more reasons" if len(reasons) > shown else ""
+    return "; ".join(reasons[:shown]) + more
 
 
 def _out(args: argparse.Namespace, name: str) -> Path:
@@ -219,6 +245,6 @@ def _summary(table, out: Path, wall: float) -> int:
               f"{row['error']}", file=sys.stderr)
     print(f"wrote {out / 'sweep.csv'}, sweep.parquet, sweep.html")
     if not counts.get("ok") and not counts.get("failed") and not counts.get("pending"):
-        raise TpusimError("no point of the grid can exist (every chip x topology pair is invalid): see "
-                          f"{out / 'sweep.html'}")
+        raise TpusimError(f"no point of the grid can exist: {_invalid_reasons(table)} "
+                          f"(every row in {out / 'sweep.csv'})")
     return 1 if counts.get("failed") or counts.get("pending") else 0

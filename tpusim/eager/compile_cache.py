@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tpusim.eager.fusion import FusedKernel
+from tpusim.eager.cluster_cost import FusedKernel
 from tpusim.hardware.spec import ChipSpec
 from tpusim.trace.records import HostRecord, OpRecord, Record, StepMarker
 

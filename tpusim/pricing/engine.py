@@ -12,6 +12,12 @@ holding:
   in-flight async collectives, as ``torch.tpu.synchronize()`` does); ``h2d``/``d2h`` sync
   the same way and then copy over PCIe (PyTorch's blocking ``copy_``). Memory records are
   applied at host time, which is what a caching allocator sees.
+- **PCIe**, one channel each way per chip (``chip.pcie_bytes_per_s``). A ``non_blocking`` copy never stalls
+  the host: it takes its place in the device queue (after the work that produced its source) and runs on its
+  channel while the device goes on, as on a copy stream; an op that reads an ``h2d``'s buffer waits for it
+  (a ``wait`` bound ``pcie``), an ``h2d`` of a host buffer waits for the ``d2h`` that filled it, and the
+  device buffer an offload's ``d2h`` reads is freed in HBM once the copy is done (activation offload:
+  tpusim/backend/offload.py). ``torch.tpu.synchronize()`` and a step's end wait for copies in flight.
 - a **device** process per simulated chip that takes work in order. A chip's TensorCores
   act as one in-order queue: on v4/v5p XLA runs each kernel across both TensorCores as a
   megacore, so the compute model already prices a kernel at the whole chip's rate.
@@ -62,7 +68,7 @@ from tpusim.trace.records import CollectiveRecord, HostRecord, MemoryRecord, OpR
 class _Item:
     """One entry of a device queue."""
 
-    what: str                     # op | collective | fence | step
+    what: str                     # op | collective | fence | transfer | step
     record: Record | None = None
     cost: KernelCost | None = None
     done: simpy.Event | None = None
@@ -225,6 +231,10 @@ class _Chip:
         self.pending: dict[int, simpy.Event] = {}       # storage id -> completion of async work on it
         self.async_compute: set[simpy.Event] = set()     # in-flight SparseCore work
         self.async_collectives: set[simpy.Event] = set()  # in-flight async collectives
+        self.pcie = {"h2d": simpy.Resource(self.env, capacity=1), "d2h": simpy.Resource(self.env, capacity=1)}
+        self.transfers: set[simpy.Event] = set()          # in-flight non_blocking copies
+        self.host_filled: dict[int, simpy.Event] = {}      # host buffer -> the d2h that fills it
+        self.offloading: dict[int, simpy.Event] = {}       # device storage -> the d2h that reads it
         self.step_ends: list[tuple[int, float]] = []
 
     def log(self, start: float, track: str, name: str, kind: str, record: Record | None = None,
@@ -240,7 +250,7 @@ class _Chip:
         env, chip, plan = self.env, self.sim.chip, self.sim.plan
         for rec, issue_s in zip(self.stream.records, self.stream.dispatch_s):
             if isinstance(rec, MemoryRecord):
-                self.hbm.apply(rec, env.now)
+                self._apply_memory(rec)
             elif isinstance(rec, OpRecord | CollectiveRecord):
                 yield from self._dispatch(rec, issue_s)
                 if isinstance(rec, OpRecord):
@@ -258,6 +268,9 @@ class _Chip:
                     kind = "compile" if rec.reason == "compile" else "host"
                     yield from self._dispatch(rec, issue_s, kind=kind)
                     continue
+                if rec.event in ("h2d", "d2h") and rec.non_blocking:
+                    yield from self._put(_Item("transfer", rec))
+                    continue
                 start = env.now
                 fence = _Item("fence", rec, done=env.event(),
                               wait_collectives=rec.event == "sync" and rec.reason == "synchronize")
@@ -267,11 +280,42 @@ class _Chip:
                          bound=rec.reason or rec.event)
                 if rec.event in ("h2d", "d2h"):
                     start = env.now
-                    yield env.timeout(transfer_seconds(rec, chip))
-                    self.log(start, "host", rec.event, "transfer", rec, bytes=rec.bytes)
-                    self.log(start, "pcie", rec.event, "transfer", rec, bytes=rec.bytes)
+                    yield from self._transfer(rec)
+                    self.log(start, "host", rec.event, "transfer", rec, bytes=rec.bytes, bound=rec.reason)
             elif isinstance(rec, StepMarker):
                 yield from self._put(_Item("step", rec))
+
+    def _apply_memory(self, rec: MemoryRecord) -> None:
+        """HBM at host time; a free of a buffer an offload is still copying to the host waits for the copy."""
+        copying = self.offloading.get(rec.storage) if rec.event == "free" else None
+        if copying is not None and not copying.triggered:
+            copying.callbacks.append(lambda _event: self.hbm.apply(rec, self.env.now))
+        else:
+            self.hbm.apply(rec, self.env.now)
+
+    def _transfer(self, rec: HostRecord):
+        """One copy on its PCIe channel, logged on the pcie track: an h2d after the d2h that filled its host buffer, a
+        d2h after async work (SparseCore, a collective, an h2d) still writing its device buffer."""
+        before = (self.host_filled.get(rec.host) if rec.host else None) if rec.event == "h2d" else \
+            self.pending.get(rec.storage)
+        if before is not None and not before.triggered:
+            yield before
+        with self.pcie[rec.event].request() as turn:
+            yield turn
+            start = self.env.now
+            yield self.env.timeout(transfer_seconds(rec, self.sim.chip))
+            self.log(start, "pcie", rec.event, "transfer", rec, bytes=rec.bytes, bound=rec.reason)
+
+    def _start_transfer(self, rec: HostRecord) -> None:
+        """A non_blocking copy reached the device queue: it runs beside compute; its readers wait for it."""
+        done = self.env.process(self._transfer(rec))
+        self._track(self.transfers, done)
+        if rec.event == "h2d":
+            self.pending[rec.storage] = done
+        else:
+            self.offloading[rec.storage] = done
+            if rec.host:
+                self.host_filled[rec.host] = done
 
     def _dispatch(self, rec: Record, seconds: float, kind: str = "dispatch"):
         if seconds > 0:
@@ -313,12 +357,17 @@ class _Chip:
                     start = env.now
                     yield run
                     self.log(start, "tensorcore", f"wait:{rec.collective}", "wait", rec, bound="collective")
+            elif item.what == "transfer":
+                self._start_transfer(rec)
             elif item.what == "fence":
                 waits = list(self.async_compute)
                 if item.wait_collectives:
-                    waits += self.async_collectives
+                    waits += [*self.async_collectives, *self.transfers]
                 if waits:
+                    start = env.now
                     yield env.all_of(waits)
+                    if any(ev in self.transfers for ev in waits):
+                        self.log(start, "tensorcore", "wait:pcie", "wait", rec, bound="pcie")
             elif item.what == "step":
                 env.process(self._step_end(rec))
             if item.done is not None:
@@ -341,10 +390,11 @@ class _Chip:
                     deps.append(ev)
         if deps:
             on_ici = any(ev in self.async_collectives for ev in deps)
+            on_pcie = any(ev in self.transfers for ev in deps)
             start = self.env.now
             yield self.env.all_of(deps)
             self.log(start, "tensorcore", f"wait:{_name(rec)}", "wait", rec,
-                     bound="collective" if on_ici else "sparsecore")
+                     bound="collective" if on_ici else "pcie" if on_pcie else "sparsecore")
 
     def _mark_pending(self, rec: OpRecord | CollectiveRecord, done: simpy.Event) -> None:
         for t in (*rec.inputs, *rec.outputs):
@@ -382,7 +432,7 @@ class _Chip:
         return result
 
     def _step_end(self, rec: StepMarker):
-        waits = [*self.async_compute, *self.async_collectives]
+        waits = [*self.async_compute, *self.async_collectives, *self.transfers]
         if waits:
             yield self.env.all_of(waits)
         self.step_ends.append((rec.step, self.env.now))

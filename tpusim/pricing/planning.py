@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from tpusim.eager.cluster_cost import FusedKernel
 from tpusim.eager.compile_cache import CompileCache, with_compiles
-from tpusim.eager.fusion import ClusterCall, CompiledProgram, FusedKernel, fuse
-from tpusim.eager.modes import EagerMode, get_mode
+from tpusim.eager.compiled import MODEL_ONLY, CompilerOutput
+from tpusim.eager.fusion import fuse
+from tpusim.eager.modes import EagerMode
+from tpusim.errors import TpusimError
 from tpusim.hardware.spec import ChipSpec
 from tpusim.pricing.plan import ModePlan, issue_seconds, rank_records, stream
 from tpusim.trace.records import CollectiveRecord, HostRecord, OpRecord, Record, Trace
@@ -42,29 +45,27 @@ CHECK_FLOPS_PER_ELEMENT = 2.0   # debug: isfinite + AND-reduce per element of a 
 DEBUG_CHECK = "debug_check"     # reason of debug's flag read-back host records
 
 
-def plan(trace: Trace, mode: str | EagerMode, chip: ChipSpec, compiled: Mapping[int, CompiledProgram] | None = None,
-         compiled_ops: Mapping[str, CompiledProgram] | None = None,
-         compiled_clusters: Mapping[ClusterCall, CompiledProgram] | None = None) -> ModePlan:
-    """The ModePlan of ``trace`` under ``mode`` on ``chip`` (see the module docstring); ``compiled`` and
-    ``compiled_ops`` and ``compiled_clusters``: what the TPU compiler built for program executions, eager ops
-    and Fused eager clusters (``tpusim.xla.kernels``), priced in their place."""
-    mode = mode if isinstance(mode, EagerMode) else get_mode(mode)
+def plan(trace: Trace, mode: EagerMode, chip: ChipSpec, compiled: CompilerOutput = MODEL_ONLY) -> ModePlan:
+    """The ModePlan of ``trace`` under ``mode`` on ``chip`` (see the module docstring); ``compiled``: what the
+    TPU compiler built for program executions, eager ops and Fused eager clusters (``tpusim.xla.kernels``),
+    priced in their place."""
+    if not isinstance(mode, EagerMode):
+        raise TpusimError(f"plan() takes an EagerMode (tpusim.eager.modes.get_mode({mode!r})), not {mode!r}")
     streams, meta = {}, None
     for rank, records in rank_records(trace).items():
-        records, rank_meta = _rewrite(records, mode, chip, compiled, compiled_ops or {}, compiled_clusters or {})
+        records, rank_meta = _rewrite(records, mode, chip, compiled)
         streams[rank] = stream(records, [dispatch_seconds(r, chip) for r in records])
         meta = rank_meta if meta is None else meta
     return ModePlan(mode.name, streams, trace.world_size, mode.queue_depth, mode.sync_each_op, meta or {})
 
 
-def _rewrite(records: Sequence[Record], mode: EagerMode, chip: ChipSpec, compiled: Mapping[int, CompiledProgram] | None,
-             compiled_ops: Mapping[str, CompiledProgram], compiled_clusters: Mapping[ClusterCall, CompiledProgram]
+def _rewrite(records: Sequence[Record], mode: EagerMode, chip: ChipSpec, compiled: CompilerOutput
              ) -> tuple[tuple[Record, ...], dict[str, Any]]:
+    """One rank's records as the mode runs them: fused (and the compiler's kernels in place), checked, compiled."""
     meta: dict[str, Any] = {}
-    if mode.fuse or compiled_ops or any(isinstance(r, OpRecord) and r.program for r in records):
+    if mode.fuse or compiled.ops or any(isinstance(r, OpRecord) and r.program for r in records):
         record_s = RECORD_SHARE * chip.host_dispatch_ns / 1e9 if mode.fuse else 0.0
-        fused = fuse(records, chip, host_s_per_op=record_s, eager=mode.fuse, compiled=compiled,
-                     compiled_ops=compiled_ops, compiled_clusters=compiled_clusters)
+        fused = fuse(records, chip, host_s_per_op=record_s, eager=mode.fuse, compiled=compiled)
         records, meta["fusion"] = fused.records, fused.stats
     if mode.check_results:
         records = with_checks(records, chip)

@@ -11,6 +11,7 @@ still runs everything else.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,31 +59,42 @@ def sweep(recording: str | Path | Recording, *, chips: Sequence[str] = (), topol
           placements: Sequence[str] = (DEFAULT_PLACEMENT,), calibrations: Sequence[bool] = (True,),
           scheduler: str | None = None,
           workers: int | None = None, retries: int = 2, out: str | Path | None = None, client: Any = None,
-          on_row: Callable[[dict[str, Any]], None] | None = None) -> Any:
+          on_row: Callable[[dict[str, Any]], None] | None = None, compiler: str = "auto") -> Any:
     """Price ``recording`` over the grid on Dask; returns the table as a pandas DataFrame (one row per point,
     ``status`` ok / invalid / failed, a ``pareto`` column), also written to ``out`` when given.
 
     ``chips``/``topologies`` default to the recording's own; ``calibrations``: (True,) prices each chip with its
     calibration (topologies/calibration/), (False,) the datasheet chip; ``client``: an existing distributed.Client,
-    else ``scheduler`` (or DASK_SCHEDULER_ADDRESS), else an embedded LocalCluster of ``workers`` processes."""
+    else ``scheduler`` (or DASK_SCHEDULER_ADDRESS), else an embedded LocalCluster of ``workers`` processes;
+    ``compiler``: `tpusim run`'s --compiler (auto, xla, model), so each point prices what run would."""
     from tpusim.sweep.cluster import dask_client, run_points
     from tpusim.sweep.write import sweep_table, write_sweep
 
+    pricer = _pricer(compiler)
     rec = recording if isinstance(recording, Recording) else load_recording(recording)
     grid = Grid(tuple(chips) or _own(rec.chip, "chips"), tuple(topologies) or _own(rec.topology, "topologies"),
                 tuple(modes), tuple(slices), tuple(placements), tuple(calibrations))
     points = grid.points()
     if client is not None:
-        rows = run_points(client, rec.trace, points, rec.tokens_per_step, retries, on_row)
+        rows = run_points(client, rec.trace, points, rec.tokens_per_step, retries, on_row, price=pricer)
     else:
         with dask_client(scheduler, workers) as own:
-            rows = run_points(own, rec.trace, points, rec.tokens_per_step, retries, on_row)
+            rows = run_points(own, rec.trace, points, rec.tokens_per_step, retries, on_row, price=pricer)
     table = sweep_table(rows)
     if out is not None:
         from tpusim.output import prepare_folder
 
         write_sweep(table, prepare_folder(out), f"tpusim sweep of {rec.script or rec.folder}")
     return table
+
+
+def _pricer(compiler: str) -> Callable[..., dict[str, Any]]:
+    """A point's pricer for ``compiler`` (refused at once when unknown, or xla without the extra)."""
+    from tpusim.pricing.compiled import check_compiler
+    from tpusim.sweep.point import price_point
+
+    check_compiler(compiler, "compiler")
+    return functools.partial(price_point, compiler=compiler)
 
 
 def _own(value: str | None, axis: str) -> tuple[str, ...]:
@@ -98,7 +110,7 @@ def sweep_script(script: str | Path, script_args: Mapping[str, Sequence[object]]
                  fixed_args: Sequence[str] = (), scheduler: str | None = None, workers: int | None = None,
                  retries: int = 2, out: str | Path | None = None, client: Any = None,
                  on_recorded: Callable[[Any], None] | None = None,
-                 on_row: Callable[[dict[str, Any]], None] | None = None) -> Any:
+                 on_row: Callable[[dict[str, Any]], None] | None = None, compiler: str = "auto") -> Any:
     """Record ``script`` once per combination of ``script_args`` (e.g. ``{"batch-size": [8, 16]}`` -> runs
     with ``--batch-size 8``, then 16) and price each recording over the grid; the table has one column per
     script argument. ``tokens_per_step``: ``"batch-size*seq-len"`` (names of script arguments and whole
@@ -115,6 +127,7 @@ def sweep_script(script: str | Path, script_args: Mapping[str, Sequence[object]]
     from tpusim.sweep.write import sweep_table, write_sweep
 
     path = check_script(str(script))
+    pricer = _pricer(compiler)
     axes = script_axes(script_args)
     if not axes:
         raise TpusimError("give at least one script argument to sweep, e.g. --script-arg batch-size=8,16")
@@ -155,7 +168,7 @@ def sweep_script(script: str | Path, script_args: Mapping[str, Sequence[object]]
                     continue
                 rec = next(loaded)
                 rows.extend({**row, **columns} for row in run_points(
-                    dask, rec.trace, points, rec.tokens_per_step, retries, on_row))
+                    dask, rec.trace, points, rec.tokens_per_step, retries, on_row, price=pricer))
 
         if client is not None:
             price_all(client)

@@ -31,14 +31,22 @@ def scheduler_address(given: str | None) -> str | None:
     return given or os.environ.get(SCHEDULER_ENV) or None
 
 
-@contextmanager
-def dask_client(scheduler: str | None = None, workers: int | None = None) -> Iterator[Any]:
-    """A connected ``distributed.Client``; a scheduler that cannot be reached is one TpusimError."""
+def require_dask() -> None:
+    """One TpusimError when Dask is not installed: asked before any recording or progress bar starts, so a sweep
+    that cannot price says so first, not after an empty bar (or minutes of recording)."""
     try:
-        from distributed import Client, LocalCluster
+        import distributed  # noqa: F401
     except ImportError:
         raise TpusimError("tpusim sweep needs Dask: pip install -e '.[sweep]' (dask[distributed], pandas, "
                           "pyarrow)") from None
+
+
+@contextmanager
+def dask_client(scheduler: str | None = None, workers: int | None = None) -> Iterator[Any]:
+    """A connected ``distributed.Client``; a scheduler that cannot be reached is one TpusimError."""
+    require_dask()
+    from distributed import Client, LocalCluster
+
     address = scheduler_address(scheduler)
     if address:
         client = _connect(Client, address)

@@ -91,6 +91,8 @@ def load_grid_file(path: str | Path) -> dict[str, tuple]:
         values = value if isinstance(value, list) else [value]
         if not values or not all(isinstance(v, str | int) and not isinstance(v, bool) for v in values):
             raise TpusimError(f"--grid {str(path)!r}: {key} must be a list of names or numbers, not {value!r}")
+        if axis != "slices" and not all(isinstance(v, str) for v in values):   # `topology = 5`: no slice (W02)
+            raise TpusimError(f"--grid {str(path)!r}: {key} must be a list of names (text in quotes), not {value!r}")
         found[axis] = tuple(values)
     return found
 

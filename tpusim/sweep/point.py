@@ -16,7 +16,7 @@ from tpusim.sweep.grid import DEFAULT_PLACEMENT, Point
 from tpusim.trace.records import Trace
 
 COLUMNS = ("chip", "calibrated", "topology", "slices", "mode", "placement", "chips", "chips_used", "status",
-           "step_time_s", "total_s", "mfu", "tflops_per_s_per_chip", "tokens_per_s_per_chip", "ttft_s",
+           "step_time_s", "total_s", "hfu", "mfu", "tflops_per_s_per_chip", "tokens_per_s_per_chip", "ttft_s",
            "tpot_median_s", "hbm_peak_bytes", "hbm_peak_fraction", "collective_exposed_s", "host_stall_s", "kernels",
            "bound", "price_wall_s", "worker", "error")
 
@@ -28,13 +28,18 @@ def point_slice(point: Point):
     return build_slice(point.topology, chip=point.chip, slices=point.slices, calibrated=point.calibrated)
 
 
-def price_point(trace: Trace, point: Point, tokens_per_step: int | None = None) -> dict[str, Any]:
+def price_point(trace: Trace, point: Point, tokens_per_step: int | None = None, compiler: str = "auto"
+                ) -> dict[str, Any]:
     """One row: the point, then its headline numbers (report.json's per-mode section, the same numbers
     ``tpusim run`` reports), or ``status`` "invalid" with the reason. An inference program (decode steps, no
     training steps) also gets its time to first token and median time per output token, and its decode
-    tokens/s per chip (report.json's ``inference``)."""
+    tokens/s per chip (report.json's ``inference``). ``compiler`` is run's --compiler: the point is priced on
+    what the TPU compiler builds for its chip, through the same door as ``tpusim run``
+    (``tpusim.pricing.compiled``)."""
+    from tpusim.eager.modes import get_mode
     from tpusim.placement import apply_placement
     from tpusim.pricing import price
+    from tpusim.pricing.compiled import ask_compiler, compiler_output
     from tpusim.report.inference import inference_section
     from tpusim.report.lint import uses_one_chip
     from tpusim.report.model import device_split, mode_report
@@ -48,7 +53,8 @@ def price_point(trace: Trace, point: Point, tokens_per_step: int | None = None) 
         row["chips"] = slice_.total_chips
         row["chips_used"] = 1 if uses_one_chip(trace) else slice_.total_chips    # a one-chip script idles the rest
         placed = apply_placement(trace, slice_, None if point.placement == DEFAULT_PLACEMENT else point.placement)
-        timeline = price(placed, topology=slice_, mode=point.mode)
+        compiled = compiler_output(ask_compiler(placed, slice_.chip, compiler))
+        timeline = price(placed, topology=slice_, mode=get_mode(point.mode), compiled=compiled)
         entry = mode_report(timeline, placed, slice_, tokens_per_step)
         serving = inference_section(placed, {point.mode: timeline}, slice_.chip, slice_.total_chips, device_split)
     except TpusimError as error:
@@ -56,7 +62,8 @@ def price_point(trace: Trace, point: Point, tokens_per_step: int | None = None) 
     head = entry["headline"]
     decode = (serving or {}).get("modes", {}).get(point.mode) or {}
     return {**row, "status": "ok", "step_time_s": entry["step_time_median_s"], "total_s": entry["total_s"],
-            "mfu": entry["mfu"], "tflops_per_s_per_chip": head.get("tflops_per_s_per_chip"),
+            "hfu": entry["hfu"], "mfu": head.get("model_flops_utilisation"),
+            "tflops_per_s_per_chip": head.get("tflops_per_s_per_chip"),
             "tokens_per_s_per_chip": decode.get("tokens_per_s_per_chip", head.get("tokens_per_s_per_chip")),
             "ttft_s": decode.get("ttft_s"), "tpot_median_s": decode.get("tpot_median_s"),
             "hbm_peak_bytes": entry["hbm"]["peak_bytes"], "hbm_peak_fraction": entry["hbm"]["peak_fraction"],

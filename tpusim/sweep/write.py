@@ -1,5 +1,5 @@
 """What a sweep writes: the table (sweep.csv, sweep.parquet: one row per point, every headline metric, a
-``pareto`` column) and sweep.html (step time and MFU against chips per chip generation, the Pareto front,
+``pareto`` column) and sweep.html (step time and HFU against chips per chip generation, the Pareto front,
 the best placement per topology), each file written atomically (tpusim/output.py)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tpusim.output import atomic_open, write_atomic
+from tpusim.report.text import HFU_LABEL
 from tpusim.sweep.pareto import pareto_flags, serving_flags, serving_front
 from tpusim.sweep.point import COLUMNS
 from tpusim.units import format_seconds
@@ -67,7 +68,7 @@ def best_placements(table: Any) -> Any:
     script = script_columns_of(table)
     index = ok.groupby(["chip", "topology", "slices", *script])["step_time_s"].idxmin()
     return ok.loc[index, ["chip", "topology", "slices", *script, "chips", "mode", "placement", "step_time_s",
-                          "mfu"]]
+                          "hfu"]]
 
 
 def _figure_png(table: Any, metric: str, label: str) -> str:
@@ -189,15 +190,15 @@ def sweep_html(table: Any, title: str) -> str:
         parts += ["<h2>Step time against chips</h2>",
                   f"<img alt='step time vs chips' src='data:image/png;base64,"
                   f"{_figure_png(table, 'step_time_s', 'step time (s)')}'>",
-                  "<h2>MFU against chips</h2>",
-                  f"<img alt='MFU vs chips' src='data:image/png;base64,{_figure_png(table, 'mfu', 'MFU')}'>"]
+                  f"<h2>{HFU_LABEL} against chips</h2>",
+                  f"<img alt='HFU vs chips' src='data:image/png;base64,{_figure_png(table, 'hfu', HFU_LABEL)}'>"]
     if (table["status"] == "ok").any():
         parts += _by_argument_sections(table)
     if stepped:
         parts += ["<h2>Pareto front (step time vs chips)</h2>", _html_table(
                       table[table["pareto"]].sort_values([*script_columns_of(table), "chips"])[
                           ["chip", "topology", "slices", *script_columns_of(table), "chips", "mode", "placement",
-                           "step_time_s", "mfu"]]),
+                           "step_time_s", "hfu"]]),
                   "<h2>Best mode and placement per topology</h2>", _html_table(best_placements(table))]
     if not (front := serving_front(table)).empty:
         parts += ["<h2>Serving Pareto front (tokens/s per chip vs time per output token, per chip and slice)</h2>",

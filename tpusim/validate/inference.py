@@ -111,6 +111,7 @@ ANALYTIC: tuple[ProductRun, ...] = (
 def token_step_seconds(run: ProductRun, chip: ChipSpec) -> tuple[float, float | None, int]:
     """(median decode step after the first, the prefill's time or None, decode steps) of ``run``'s recording priced
     on ``chip`` in Fused eager around its compiled programs, as `tpusim run --mode fused` prices it."""
+    from tpusim.eager.modes import get_mode
     from tpusim.pricing import price
     from tpusim.pricing.plan import rank_records
     from tpusim.pricing.tokens import token_steps
@@ -118,7 +119,7 @@ def token_step_seconds(run: ProductRun, chip: ChipSpec) -> tuple[float, float | 
     from tpusim.trace.phases import marked_spans
 
     trace, _ = recording(run)
-    timeline = price(trace, topology=build_slice(run.topology, chip=chip), mode="fused")
+    timeline = price(trace, topology=build_slice(run.topology, chip=chip), mode=get_mode("fused"))
     prefill, decode = marked_spans(next(iter(rank_records(trace).values())))
     steps = token_steps(timeline, prefill, decode, timeline.chips_simulated[0] if timeline.chips_simulated else 0)
     if steps is None:

@@ -61,6 +61,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from tpusim.eager.modes import get_mode
 from tpusim.hardware.spec import ChipSpec
 from tpusim.pricing import price
 from tpusim.pricing.timeline import Timeline
@@ -69,6 +70,8 @@ from tpusim.trace.cost_rules import Work, flash_attention, gemm
 from tpusim.trace.ops import Family, unit_of
 from tpusim.trace.records import CollectiveRecord, OpRecord, Record, StepMarker, TensorMeta, Trace
 from tpusim.validate.case import Case, Prediction
+
+FUSED = get_mode("fused")     # the mode the hand-built step traces are priced in
 
 MAXTEXT = "https://github.com/AI-Hypercomputer/maxtext"
 BF16, F32 = 2, 4
@@ -523,7 +526,7 @@ def predictor(run: Run):
     def predict(chip: ChipSpec) -> Prediction:
         slice_ = build_slice(run.topology, chip=chip, slices=run.slices)
         trace = step_trace(run, chip)
-        timeline = price(trace, topology=slice_, mode="fused")
+        timeline = price(trace, topology=slice_, mode=FUSED)
         step = timeline.steps[-1]
         parts = breakdown(timeline, step.start_s, step.end_s)
         seconds = step.seconds
@@ -544,7 +547,7 @@ def predictor(run: Run):
                  f"({flops / step.seconds / 1e12:.1f} TFLOP/s/chip by MaxText's count, training step alone)"]
         if run.eval_steps_per_step:
             # the published time per step includes the eval passes run between training blocks
-            evals = price(step_trace(run, chip, train=False), topology=slice_, mode="fused").steps[-1].seconds
+            evals = price(step_trace(run, chip, train=False), topology=slice_, mode=FUSED).steps[-1].seconds
             parts[f"eval forward passes ({run.eval_steps_per_step:g} per step)"] = run.eval_steps_per_step * evals
             seconds += run.eval_steps_per_step * evals
             notes.append(f"training step {step.seconds:.3f} s + {run.eval_steps_per_step:g} x eval step {evals:.3f} s "

@@ -100,15 +100,18 @@ def profile(activities: list[ProfilerActivity] | None = None, on_trace_ready: Ca
 def simulated_trace(records: list) -> dict[str, Any]:
     """``records`` (ops and host events of a recording) priced on one chip of the device's generation in the
     current eager mode, as ``tpusim run``'s trace.json (tpusim/report/perfetto.py)."""
+    from tpusim.eager.modes import get_mode
     from tpusim.pricing import price, single_chip_topology
     from tpusim.report.perfetto import perfetto_trace
+    from tpusim.slice.topology import build_slice
     from tpusim.trace.records import Trace, TraceMeta, renumber
 
     chip = STATE.config.chip
     kept = [r for r in records if r.kind in ("op", "host")]
     trace = Trace(records=renumber(kept), meta=TraceMeta(device="tpu", chip=chip.name, devices=1))
     mode = eager.get_eager_mode()
-    return perfetto_trace(price(trace, topology=single_chip_topology(chip), chip=chip, mode=mode), mode)
+    one_chip = build_slice(single_chip_topology(chip), chip=chip)
+    return perfetto_trace(price(trace, topology=one_chip, mode=get_mode(mode)), mode)
 
 
 __all__ = ["OUTPUT_DIR_ENV", "ProfilerActivity", "profile", "simulated_trace", "xprof_trace_handler"]

@@ -53,12 +53,16 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--leave-one-family-out", action="store_true",
                         help="price each model family's product-path cases with mxu_efficiency refitted without "
                              "them (siblings of a fit case never check themselves)")
+    parser.add_argument("--write-bands", action="store_true",
+                        help="after a whole run (no --case, --fast), write each mode's held-out error band to "
+                             "topologies/calibration/error_bands.toml, which every report prints beside the mode")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from tpusim.validate import CASES, find_case, run_cases, summarise
+    from tpusim.validate.bands import mode_bands, write_bands
 
     if args.list:
         print(format_list(CASES))
@@ -72,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
         return _explain(args, find_case(CASES, args.explain), calibration)
     if args.leave_one_family_out:
         return _leave_one_family_out(args, CASES)
+    if args.write_bands and (args.case or args.fast or args.no_calibration):
+        raise TpusimError("--write-bands needs every case, calibrated: a band from some of them would claim more than "
+                          "was checked (drop --case, --fast and --no-calibration)")
     cases = [find_case(CASES, name) for name in args.case] if args.case else list(CASES)
     if args.fast:
         cases = [c for c in cases if not c.slow]
@@ -86,9 +93,12 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(results, summary, calibration))
     if not args.quiet:
         print(f"({len(results)} cases in {time.monotonic() - started:.1f} s)", file=sys.stderr)
+    bands = mode_bands(results)
     if args.json:
         _write_json(args.json, {"calibrated": calibration, "results": [r.to_dict() for r in results],
-                                "summary": {k: s.to_dict() for k, s in summary.items()}})
+                                "summary": {k: s.to_dict() for k, s in summary.items()}, "modes": bands})
+    if args.write_bands:
+        print(f"wrote the error band of each mode to {write_bands(results)}")
     return 0
 
 
@@ -125,6 +135,12 @@ def format_table(results, summary, calibration: bool) -> str:
             continue
         lines.append(f"{label:26s} ({s.count:2d} cases): mean |error| {s.mean_abs:6.1%}, max {s.max_abs:6.1%} "
                      f"({s.worst})")
+    from tpusim.validate.bands import mode_bands
+
+    for mode, band in mode_bands(results).items():         # the band each report prints beside the mode
+        label = f"held out, mode {mode}"
+        lines.append(f"{label:26s} ({band['cases']:2d} cases): mean |error| {band['mean_abs_error']:6.1%}, max "
+                     f"{band['max_abs_error']:6.1%} ({band['worst']})")
     return "\n".join(lines)
 
 

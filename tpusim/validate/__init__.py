@@ -9,6 +9,8 @@ batch, precision and remat of the published run, and a predictor that prices the
   MLPerf Training v4.0 GPT-3 175B runs on 1024-6144 v5p chips (V2-V4, int8), a decoder step built
   from closed-form layer shapes and priced with ``tpusim.pricing.price`` in fused mode;
 - ``product``: the training runs as a PyTorch script (validation/decoder.py) recorded by `tpusim run`;
+- ``torchtitan``: TorchTPU's own runs of one script per eager mode (the TorchTitan TPU recipes' AFMv7 3B LoRA rows,
+  compiled and DEFER_AND_FUSE eager) as validation/lora_decoder.py, recorded the same way;
 - ``inference``: published times per output token (vLLM on v6e; the scaling book's serving examples as formula
   checks) as a PyTorch decode loop (validation/decode.py) recorded by `tpusim run`.
 
@@ -23,11 +25,11 @@ all-gather measured on v5e.
 
 from __future__ import annotations
 
-from tpusim.validate import inference, maxtext, product, scaling_book
+from tpusim.validate import inference, maxtext, product, scaling_book, torchtitan
 from tpusim.validate.case import Case, Prediction
 from tpusim.validate.suite import Result, Summary, explain, find_case, run_case, run_cases, summarise
 
-CASES: tuple[Case, ...] = (*scaling_book.CASES, *product.CASES, *inference.CASES, *maxtext.CASES)
+CASES: tuple[Case, ...] = (*scaling_book.CASES, *product.CASES, *torchtitan.CASES, *inference.CASES, *maxtext.CASES)
 
 __all__ = ["CASES", "Case", "Prediction", "Result", "Summary", "explain", "find_case", "run_case", "run_cases",
            "summarise"]

@@ -10,6 +10,7 @@ import pytest
 from factories import training_trace
 
 from tpusim.cli.main import main
+from tpusim.eager.modes import get_mode
 from tpusim.errors import TpusimError
 from tpusim.output import write_atomic
 from tpusim.pricing import price
@@ -145,7 +146,7 @@ def test_png_with_an_unknown_format_is_one_line(capsys, tmp_path):
 def write_run(folder: Path, script: str = "model.py") -> Path:
     """report.json and program.jsonl as `tpusim run` writes them (no figures: compare reads neither)."""
     trace, slice_ = training_trace(), build_slice("3d:1x1x1")
-    timelines = {"strict": price(trace, topology=slice_, mode="strict")}
+    timelines = {"strict": price(trace, topology=slice_, mode=get_mode("strict"))}
     folder.mkdir(parents=True)
     write_atomic(folder / "report.json", report_json(build_report(RunInfo(script), trace, slice_, timelines)))
     write_trace(trace, folder / "program.jsonl")
@@ -232,6 +233,15 @@ def test_a_truncated_program_is_one_clear_error(capsys, tmp_path, cut):
     (b'{"schema": "tpusim-trace", "version": 1}\n{"kind": "host", "seq": 0, "event": "sync", "seconds": NaN}\n',
      "host.seconds must be a finite number, not nan"),
     (b'{"schema": "tpusim-trace", "version": 1, "world_size": 0}\n', "expected world_size >= 1"),
+    # issue 44, R38: numbers no run records were priced into nonsense ("step time 0" beside 6.1e295 s)
+    (b'{"schema": "tpusim-trace", "version": 1}\n{"kind": "op", "seq": 0, "op": "aten::mm", "unit": "mxu", '
+     b'"dtype": "f32", "flops": 1e308}\n',
+     "op.flops must be a number in 0..1e+24, not 1e+308"),
+    (b'{"schema": "tpusim-trace", "version": 1}\n{"kind": "op", "seq": 0, "op": "aten::mm", "unit": "mxu", '
+     b'"dtype": "f32", "bytes_read": -4}\n',
+     "op.bytes_read must be a number in 0..1e+24, not -4"),
+    (b'{"schema": "tpusim-trace", "version": 1}\n{"kind": "step", "seq": 0, "step": 1' + b"0" * 30 + b'}\n',
+     "step.step must be a whole number of 64 bits"),
 ])
 def test_read_trace_refuses_what_is_not_a_trace(tmp_path, content, expected):
     path = tmp_path / "program.jsonl"
@@ -246,3 +256,38 @@ def test_read_trace_of_a_folder_or_a_missing_file(tmp_path):
         read_trace(tmp_path)
     with pytest.raises(TpusimError, match="cannot read: No such file"):
         read_trace(tmp_path / "missing.jsonl")
+
+
+# ---- issue 44: messages that named the wrong cause ----------------------------------------------------------
+
+def test_a_chip_path_that_is_no_file_says_what_it_is(capsys, tmp_path):
+    import os
+
+    (tmp_path / "chips").mkdir()
+    os.mkfifo(tmp_path / "fifo.toml")
+    (tmp_path / "dangling.toml").symlink_to(tmp_path / "nowhere.toml")
+    for path, expected in ((tmp_path / "chips", "is a folder"),                     # K13
+                           (tmp_path / "fifo.toml", "is not a regular file (a FIFO"),   # K14: and no hang
+                           (tmp_path / "dangling.toml", "is a broken symlink"),
+                           (tmp_path / "none.toml", "does not exist")):
+        assert expected in one_error_line(capsys, "topology", "3d:4x4x4", "--chip", str(path))
+
+
+def test_an_out_that_is_a_dangling_symlink_is_named_so(capsys, tmp_path):
+    # O06: "cannot create the folder: File exists"
+    (tmp_path / "out").symlink_to(tmp_path / "gone")
+    (tmp_path / "script.py").write_text("")
+    err = one_error_line(capsys, "run", str(tmp_path / "script.py"), "--out", str(tmp_path / "out"))
+    assert f"--out '{tmp_path / 'out'}' is a broken symlink (to '{tmp_path / 'gone'}')" in err
+
+
+def test_check_names_a_negative_budget_and_a_junit_folder_that_is_a_file(capsys, tmp_path):
+    # H01: `--max-step-time -5ms` was argparse's "expected one argument"; H06: a file where the --junit
+    # folder should be was "does not exist"
+    with pytest.raises(SystemExit) as stop:
+        main(["check", "x.py", "--max-step-time", "-5ms"])
+    assert stop.value.code == 2
+    assert "--max-step-time '-5ms': must be a positive duration" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("")
+    err = one_error_line(capsys, "check", "x.py", "--junit", str(tmp_path / "afile" / "inner.xml"))
+    assert "its folder" in err and "is not a folder" in err

@@ -32,3 +32,19 @@ def test_torch_tpu_mode_names_are_aliases_and_unknown_names_list_the_accepted_on
         ["strict", "fused", "debug"]
     with pytest.raises(TpusimError, match="unknown eager mode 'lazy' in TPUSIM_EAGER_MODE; accepted: debug"):
         mode_from_environment({"TPUSIM_EAGER_MODE": "lazy"})
+
+
+def test_a_bad_mode_under_plain_python_leaves_no_half_registered_device():
+    # issue 44, NT5: TPUSIM_EAGER_MODE=turbo was refused after torch had taken "tpu" as the device's name, so
+    # the first op died inside tpusim (AttributeError: 'NoneType' object has no attribute 'host_alias'); now it
+    # is refused first: a warning naming the variable, then torch's own "no such device" at the user's line
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch\ntry:\n    torch.ones(2, device='tpu') + 1\nexcept RuntimeError as e:\n"
+            "    print('REFUSED', str(e)[:40])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TPUSIM_EAGER_MODE": "turbo"})
+    assert "unknown eager mode 'turbo' in TPUSIM_EAGER_MODE" in done.stderr, done.stderr
+    assert "REFUSED Expected one of cpu" in done.stdout and "Traceback" not in done.stderr, done.stderr

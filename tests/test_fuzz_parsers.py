@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from tpusim import envvars
 from tpusim.cli import compare
+from tpusim.eager.modes import get_mode
 from tpusim.errors import TpusimError, plain_text
 from tpusim.hardware.spec import chips_dir, load_chip
 from tpusim.placement.parse import parse_placement_text
@@ -194,7 +195,7 @@ def test_a_field_of_any_wrong_value_is_a_tpusim_error_or_a_valid_trace(tmp_path,
     lines[line % len(lines)] = json.dumps(row)
     trace = read_bytes_as_trace(tmp_path, ("\n".join(lines) + "\n").encode())
     if trace is not None:                # what the reader accepts, the simulator can price
-        accepted_or_tpusim_error(lambda: price(trace, topology="3d:1x1x1", mode="strict"))
+        accepted_or_tpusim_error(lambda: price(trace, topology=build_slice("3d:1x1x1"), mode=get_mode("strict")))
 
 
 @FAST
@@ -207,7 +208,7 @@ def test_any_number_in_a_record_is_refused_or_priced(tmp_path, trace_bytes, line
     lines[line % (len(lines) - 1) + 1] = json.dumps(row)
     trace = read_bytes_as_trace(tmp_path, ("\n".join(lines) + "\n").encode())
     if trace is not None:
-        accepted_or_tpusim_error(lambda: price(trace, topology="3d:1x1x1", mode="strict"))
+        accepted_or_tpusim_error(lambda: price(trace, topology=build_slice("3d:1x1x1"), mode=get_mode("strict")))
 
 
 @FAST
@@ -222,7 +223,7 @@ def test_a_trace_with_bytes_overwritten_never_leaks_another_exception(tmp_path, 
 @pytest.fixture(scope="module")
 def report():
     trace, slice_ = training_trace(), build_slice("3d:1x1x1")
-    timelines = {"strict": price(trace, topology=slice_, mode="strict")}
+    timelines = {"strict": price(trace, topology=slice_, mode=get_mode("strict"))}
     return json.loads(report_json(build_report(RunInfo("model.py"), trace, slice_, timelines)))
 
 

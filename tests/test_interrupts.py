@@ -15,12 +15,13 @@ import pytest
 from factories import training_trace
 
 import tpusim.pricing
+import tpusim.report
 import tpusim.trace.records
 from tpusim.errors import TpusimError
 from tpusim.output import atomic_open, claim_folder, claim_new_folder, prepare_folder, write_atomic
 from tpusim.report import load_report
 from tpusim.run.options import RunOptions, modes_of
-from tpusim.run.pipeline import Interrupts, Progress, _price_and_report
+from tpusim.run.pipeline import Interrupts, Progress, _keep_recording, _price_and_report
 from tpusim.script import ScriptOutcome, run_script
 from tpusim.slice.topology import build_slice
 
@@ -109,9 +110,9 @@ FINISHED = ScriptOutcome(exit_code=0)
 def price_and_report(tmp_path, modes, interrupt_at_mode: int | None, interrupts_while_writing: int = 0,
                      outcome=FINISHED):
     """Run the pricing-and-report half of `tpusim run`, pressing Ctrl-C while mode number
-    ``interrupt_at_mode`` is priced and ``interrupts_while_writing`` times while program.jsonl is written."""
+    ``interrupt_at_mode`` is priced and ``interrupts_while_writing`` times while the report is written."""
     trace, slice_ = training_trace(), build_slice("3d:1x1x1")
-    real_price, real_write = tpusim.pricing.price, tpusim.trace.records.write_trace
+    real_price, real_write = tpusim.pricing.price, tpusim.report.write_report
     calls = []
 
     def price(*args, **kwargs):
@@ -120,17 +121,18 @@ def price_and_report(tmp_path, modes, interrupt_at_mode: int | None, interrupts_
             ctrl_c()
         return real_price(*args, **kwargs)
 
-    def write_trace(*args, **kwargs):
+    def write_report(*args, **kwargs):
         for _ in range(interrupts_while_writing):
             ctrl_c()
         return real_write(*args, **kwargs)
 
     patch = pytest.MonkeyPatch()
     patch.setattr(tpusim.pricing, "price", price)
-    patch.setattr(tpusim.trace.records, "write_trace", write_trace)
+    patch.setattr(tpusim.report, "write_report", write_report)
     try:
         with Interrupts(Progress(quiet=True)) as interrupts:
             options = RunOptions(script="model.py", modes=modes_of(",".join(modes)))
+            _keep_recording(trace, tmp_path)            # program.jsonl, before pricing (as run_pipeline does)
             _, measured, stopped = _price_and_report(trace, slice_, options, outcome, "2.x", tmp_path,
                                                      Progress(quiet=True), interrupts)
     finally:
@@ -161,7 +163,10 @@ def test_more_ctrl_c_while_the_report_is_written_change_nothing(tmp_path, capsys
 def test_ctrl_c_before_any_mode_is_priced_still_writes_a_report(tmp_path, capsys):
     stopped, report = price_and_report(tmp_path, ["strict"], interrupt_at_mode=0)
     assert stopped and report.modes == {} and report.interrupted.not_priced == ["strict"]
-    assert "no eager mode was priced" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "no eager mode was priced" in out
+    # issue 44, E01: the summary named a trace.json that no run wrote
+    assert "(report.json, no trace.json: no mode was priced)" in out and not (tmp_path / "trace.json").exists()
     assert "No eager mode was priced" in (tmp_path / "report.html").read_text()
     assert not list(tmp_path.glob("*.png"))
 
@@ -205,12 +210,13 @@ def test_the_script_outcome_is_what_python_would_exit_with(tmp_path, capsys, bod
 
 
 def test_a_run_with_no_ops_draws_its_figures_without_warnings(tmp_path, recwarn):
+    from tpusim.eager.modes import get_mode
     from tpusim.pricing import price as real_price
     from tpusim.report import RunInfo, build_report, write_report
     from tpusim.trace.records import Trace
 
     slice_ = build_slice("3d:1x1x1")
-    timelines = {"strict": real_price(Trace(records=()), topology=slice_, mode="strict")}
+    timelines = {"strict": real_price(Trace(records=()), topology=slice_, mode=get_mode("strict"))}
     write_report(tmp_path, build_report(RunInfo("empty.py"), Trace(records=()), slice_, timelines), timelines)
     assert (tmp_path / "breakdown.png").is_file()
     assert not [str(w.message) for w in recwarn], "matplotlib warned (e.g. an empty legend)"
@@ -239,3 +245,30 @@ def test_a_ctrl_c_during_the_numpy_import_arrives_after_it():
             os.kill(os.getpid(), signal.SIGINT)
             reached.append("the block ran to its end")
     assert reached == ["the block ran to its end"]
+
+
+def test_a_very_deep_traceback_is_cut_to_its_last_frames_at_once():
+    # issue 44, S24: a RecursionError under sys.setrecursionlimit(10**7) gave no output in 150 s: the script's
+    # traceback was summed up frame by frame (minutes, gigabytes). Python prints the last 1000 frames; so do we.
+    import time
+
+    from tpusim.script import MAX_FRAMES, user_traceback
+
+    def down(n: int) -> int:
+        return down(n + 1) + 1
+
+    previous = sys.getrecursionlimit()
+    sys.setrecursionlimit(300_000)
+    try:
+        down(0)
+    except RecursionError as error:
+        caught = error
+    finally:
+        sys.setrecursionlimit(previous)
+    began = time.perf_counter()
+    text = user_traceback(caught)
+    took = time.perf_counter() - began
+    assert f"the last {MAX_FRAMES} are shown" in text and text.endswith("RecursionError: maximum recursion depth "
+                                                                         "exceeded\n")
+    assert f"[Previous line repeated {MAX_FRAMES - 3} more times]" in text     # Python's own summary of the rest
+    assert took < 1.0, f"{took:.2f} s"                                          # it took 2.5 s, growing with depth

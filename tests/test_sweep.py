@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 from factories import training_trace
 
+from tpusim.eager.modes import get_mode
 from tpusim.errors import TpusimError
 from tpusim.pricing import price
 from tpusim.slice.topology import build_slice
@@ -99,7 +100,7 @@ def test_sweep_rows_equal_each_point_priced_alone(recording: Path, client, tmp_p
         except TpusimError as error:
             assert row.status == "invalid" and row.error == str(error)
             continue
-        alone = price(trace, topology=slice_, mode=row.mode)
+        alone = price(trace, topology=slice_, mode=get_mode(row.mode))
         assert row.status == "ok" and row.chips == slice_.total_chips and row.calibrated   # the default
         assert row.total_s == pytest.approx(alone.total_s, rel=1e-12)
     assert set(table[table.status == "invalid"].chip) == {"v6e"}          # v6e is a 2D torus
@@ -256,3 +257,33 @@ def test_points_go_in_batches_and_a_lost_scheduler_leaves_pending_rows(recording
     statuses = [r["status"] for r in rows]
     assert len(rows) == len(points) and statuses.count("ok") >= 1 and "pending" in statuses
     assert all("scheduler was lost" in r["error"] for r in rows if r["status"] == "pending")
+
+
+def test_a_grid_value_that_names_no_slice_is_refused_naming_its_key(tmp_path: Path) -> None:
+    # issue 44, W02: `topology = 5` passed the grid file and every point came back "invalid" with the reason
+    # only in sweep.csv
+    (tmp_path / "grid.toml").write_text("topology = 5\n")
+    with pytest.raises(TpusimError, match=r"topology must be a list of names \(text in quotes\), not 5"):
+        load_grid_file(tmp_path / "grid.toml")
+    (tmp_path / "grid.toml").write_text("slices = [1, 2]\n")            # slices are numbers
+    assert load_grid_file(tmp_path / "grid.toml") == {"slices": (1, 2)}
+
+
+def test_flags_that_are_no_utf8_text_or_name_no_point_are_one_line_with_the_reason(recording: Path, tmp_path: Path,
+                                                                                    capsys) -> None:
+    # issue 44: non-UTF-8 bytes in --topology/--placement (kept as lone surrogates) reached pyarrow writing
+    # sweep.parquet after the sweep (a UnicodeEncodeError traceback, FZ-B); a grid of invalid points said only
+    # "every chip x topology pair is invalid" (W17: the placement was the cause)
+    from tpusim.cli.main import main
+
+    bad = b"2d:2x2\x85\xa6".decode("utf-8", "surrogateescape")
+    for flag in ("--topology", "--placement"):
+        assert main(["sweep", str(recording), flag, bad, "--workers", "1", "--quiet",
+                     "--out", str(tmp_path / "a")]) == 2
+        err = capsys.readouterr().err
+        assert f"{flag} b'2d:2x2\\x85\\xa6': not UTF-8 text (byte 0x85 at offset 6)" in err, err
+    assert not (tmp_path / "a").exists()
+    assert main(["sweep", str(recording), "--chip", "v5p", "--topology", "2d:2x2", "--placement", "tp=q",
+                 "--workers", "1", "--quiet", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "no point of the grid can exist: --placement needs a DeviceMesh" in err and "Traceback" not in err, err

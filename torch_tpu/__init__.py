@@ -6,7 +6,8 @@ unchanged on the simulated "tpu" device.
     device = api.tpu_device()                    # torch.device("tpu")
 
 TorchTPU loads its device with this import (and through its ``torch.backends`` entry point); tpusim's device
-loads at ``import torch``, so here the import only makes TorchTPU's module paths exist: ``torch_tpu.api``,
+loads at ``import torch`` (and at this import when ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``), so here the import
+otherwise only makes TorchTPU's module paths exist: ``torch_tpu.api``,
 ``torch_tpu._internal.execution_mode``, ``.sync``, ``.profiler``, ``.pallas``, ``.utils`` (``utils``,
 ``test_utils``, ``log_utils``), ``.distributed`` (``launchers.singlehost_wrapper``, ``multiprocessing``),
 ``.device._device_module``, ``.compile``, ``.precision`` and ``torch_tpu.shims.g3_multiprocessing``. Each is a
@@ -22,5 +23,7 @@ separate environment for the real TorchTPU.
 """
 
 import torch  # noqa: F401  (loads tpusim's "tpu" device, as TorchTPU's import loads its own)
+
+import tpusim.backend  # noqa: F401,E402  (and again with TORCH_DEVICE_BACKEND_AUTOLOAD=0: this import registers it)
 
 __all__: list[str] = []

@@ -11,6 +11,8 @@ child the script forked never returns into tpusim (it wrote a second report over
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import os
 import runpy
 import signal
@@ -149,6 +151,30 @@ def run_script(path: str | Path, argv: list[str]) -> ScriptOutcome:
         _reopen_closed_streams()
 
 
+def wait_for_script_threads(before: set[threading.Thread], code: int) -> int:
+    """After the report: wait, as ``python script.py`` does, for the threads the script started that do not end
+    (not daemon threads), saying so once; a Ctrl-C then ends the process at once (exit 130). Before, tpusim sat
+    silent after its summary (issue 44, S08). Returns ``code`` when there is nothing to wait for."""
+    left = [t for t in threading.enumerate() if t not in before and t.is_alive() and not t.daemon]
+    if not left:
+        return code
+    names = ", ".join(repr(t.name) for t in left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+    try:                                   # a Ctrl-C right after the line is said stops the wait too
+        print(f"tpusim: the report is written; the script's thread{'s' if len(left) > 1 else ''} {names} still "
+              f"run{'' if len(left) > 1 else 's'} (not daemon threads): waiting for "
+              f"{'them' if len(left) > 1 else 'it'} to end, as python does (Ctrl-C stops waiting)",
+              file=sys.stderr, flush=True)
+        for thread in left:
+            thread.join()
+    except KeyboardInterrupt:
+        print("tpusim: stopped waiting for the script's threads (Ctrl-C); the report is kept", file=sys.stderr)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(130)                      # Python's own exit would wait for them again
+    return code
+
+
 def _reopen_closed_streams() -> None:
     """A script that closed sys.stdout or sys.stderr (issue 32, row 9: the summary then died in a ValueError):
     Python's own streams never close their file descriptors, so tpusim writes to fresh streams on them."""
@@ -159,12 +185,27 @@ def _reopen_closed_streams() -> None:
                                     errors="backslashreplace"))
 
 
+MAX_FRAMES = 1000      # of a traceback, the last ones (where it failed); a recursion 10 million deep is not a hang
+
+
 def user_traceback(error: BaseException) -> str:
-    """The traceback as the user would see it from ``python script.py``: our frames dropped."""
-    summary = traceback.TracebackException.from_exception(error)
+    """The traceback as the user would see it from ``python script.py``: our frames dropped, and of a very deep
+    one (a RecursionError under ``sys.setrecursionlimit(10**7)``) the last ``MAX_FRAMES`` only, as Python prints
+    it: summing up every frame took minutes and gigabytes (issue 44, S24)."""
+    last: collections.deque = collections.deque(maxlen=MAX_FRAMES + 1)
+    tb = error.__traceback__
+    while tb is not None:                # a plain walk: cheap even 10 million deep
+        last.append(tb)
+        tb = tb.tb_next
+    cut = len(last) > MAX_FRAMES
+    start = last[1] if cut else error.__traceback__
+    summary = traceback.TracebackException(type(error), error, start)
     summary.stack = traceback.StackSummary.from_list(
         [frame for frame in summary.stack if not _is_ours(frame.filename)])
-    return "".join(summary.format())
+    lines = list(summary.format())
+    if cut:
+        lines.insert(1, f"  ... (the first frames are left out: the last {MAX_FRAMES} are shown)\n")
+    return "".join(lines)
 
 
 def _is_ours(filename: str) -> bool:

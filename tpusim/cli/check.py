@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -109,12 +110,16 @@ def run_options(args: argparse.Namespace, out_dir: Path) -> RunOptions:
 
 def run(args: argparse.Namespace) -> int:
     from tpusim.run.pipeline import run_pipeline
+    from tpusim.script import wait_for_script_threads
 
     if args.junit is not None and not Path(args.junit).parent.is_dir():
-        raise TpusimError(f"--junit {args.junit!r}: its folder {str(Path(args.junit).parent)!r} does not exist")
+        folder = Path(args.junit).parent
+        why = "is not a folder" if folder.exists() else "does not exist"     # a file there: not "missing" (H06)
+        raise TpusimError(f"--junit {args.junit!r}: its folder {str(folder)!r} {why}")
     budgets = Budgets(args.max_step_time, args.max_hbm, tuple(args.fail_on))
     out_dir = Path(args.out) if args.out else default_out_dir(args.script)
     started = time.perf_counter()
+    before = set(threading.enumerate())     # the script's threads that never end: said, then waited for
     # with --json stdout carries only the summary: the script's prints and run's table go to stderr
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
         result = run_pipeline(run_options(args, out_dir))
@@ -125,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     checks = [script] + (evaluate(report, budgets) if script.passed else [])
     status = (SCRIPT_FAILED if not script.passed else
               OK if all(c.passed for c in checks) and code == 0 else
-              code if code in (BAD_INPUT, 130) else FAILED)
+              code if code in (BAD_INPUT, 129, 130, 143) else FAILED)   # a signal: the shell's status
     if args.junit:
         from tpusim.output import write_atomic
         from tpusim.testing.junit import junit_xml
@@ -137,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=1))
     else:
         print(summary_text(summary))
-    return status
+    return wait_for_script_threads(before, status)
 
 
 def summarise(report: Report, checks: list[Check], status: int, out: str) -> dict[str, Any]:

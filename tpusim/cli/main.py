@@ -58,12 +58,32 @@ def _command_module(module_name: str):
         raise
 
 
+def _negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``--max-step-time -5ms`` as ``--max-step-time=-5ms``: argparse reads a value that starts with "-" and a
+    digit but is no plain number as a flag, and said only "expected one argument" (issue 44, H01); joined, the
+    flag's own check says what is wrong with the value."""
+    command = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    sub = command.choices.get(argv[0]) if command is not None and argv else None
+    if sub is None:
+        return argv
+    takes_value = {flag for action in sub._actions if action.nargs is None for flag in action.option_strings}
+    joined: list[str] = []
+    for arg in argv:
+        if (joined and joined[-1] in takes_value and len(arg) > 1 and arg[0] == "-" and arg[1].isdigit()
+                and arg[1:2].isascii()):
+            joined[-1] = f"{joined[-1]}={arg}"
+        else:
+            joined.append(arg)
+    return joined
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # everything after the first "--" belongs to the user's script (`tpusim run model.py -- --lr 1`)
     script_args = argv[argv.index("--") + 1:] if "--" in argv else []
     parser = build_parser()
-    args = parser.parse_args(argv[:len(argv) - len(script_args) - (1 if "--" in argv else 0)])
+    own = _negative_values(parser, argv[:len(argv) - len(script_args) - (1 if "--" in argv else 0)])
+    args = parser.parse_args(own)
     if script_args:
         args.script_args = script_args
     if args.command is None:
@@ -72,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except TpusimError as error:
-        print(f"tpusim {args.command}: error: {error}", file=sys.stderr)
+        # bytes that are no UTF-8 (a path from the environment) kept as escapes: a stream that refuses surrogates
+        # raised UnicodeEncodeError on the error line itself (the CLI fuzz, issue 44)
+        line = f"tpusim {args.command}: error: {error}".encode("utf-8", "backslashreplace").decode("utf-8")
+        print(line, file=sys.stderr)
         return 2
     except BrokenPipeError:  # `tpusim ... | head`
         return 0

@@ -192,13 +192,24 @@ def _resolve(name_or_path: str | os.PathLike) -> Path:
                           f"name ({known}) or the path of a .toml file") from None
 
 
+def _not_a_file(path: Path) -> str:
+    """Why ``path`` is no chip file, in words: a folder or a FIFO was "does not exist" (issue 44, K13, K14)."""
+    if path.is_dir():
+        return "is a folder; give the path of a chip's .toml file"
+    if path.exists():
+        return "is not a regular file (a FIFO, socket or device); give the path of a chip's .toml file"
+    if path.is_symlink():
+        return f"is a broken symlink (to {os.readlink(path)!r})"
+    return "does not exist"
+
+
 def _find_chip_file(name_or_path: str | os.PathLike) -> Path:
     text = os.fspath(name_or_path)
     looks_like_path = isinstance(name_or_path, os.PathLike) or text.endswith(".toml") or os.sep in text
     if looks_like_path:
         path = Path(text).expanduser()
         if not path.is_file():
-            raise TpusimError(f"chip file {text} does not exist")
+            raise TpusimError(f"chip file {text} {_not_a_file(path)}")
         return path.resolve()
     name = text.strip().lower()
     path = chips_dir() / f"{name}.toml"

@@ -321,20 +321,35 @@ def _grown_caches(records: Sequence[Record], spans: Sequence[Span], step_of: Cal
             and old.shape[-1] == new.shape[-1] and new.shape[-2] == old.shape[-2] + 1]
 
 
-def fits_section(fp: Footprint, batch: int, chip: ChipSpec, chips: int) -> dict[str, Any]:
-    """The largest batch x context the chip's HBM holds beside the weights (weights and KV cache only)."""
-    free = chip.hbm_bytes - fp.weights_bytes
+def hbm_capacity(trace: Trace, chip: ChipSpec) -> tuple[int, str]:
+    """A chip's HBM as the run had it, and where that number comes from: the capacity its device was configured
+    with (TPUSIM_HBM_BYTES, the one an out-of-memory error is raised at) when the recording ran on this chip with
+    another than the datasheet's; else the datasheet's. A decode loop that ran out of a configured 61 MiB was
+    reported as fitting in the datasheet's 95 GiB (issue 44, IN1)."""
+    per_device = trace.meta.hbm_bytes
+    if trace.meta.chip == chip.name and per_device and per_device != chip.hbm_bytes // chip.devices_per_chip:
+        return per_device * chip.devices_per_chip, "the run's TPUSIM_HBM_BYTES"
+    return chip.hbm_bytes, ""
+
+
+def fits_section(fp: Footprint, batch: int, chip: ChipSpec, chips: int,
+                 capacity: tuple[int, str] | None = None) -> dict[str, Any]:
+    """The largest batch x context the chip's HBM (``capacity``: bytes per chip, where from; default the
+    datasheet's) holds beside the weights (weights and KV cache only)."""
+    hbm, source = capacity or (chip.hbm_bytes, "")
+    free = hbm - fp.weights_bytes
     context, per_token = fp.kv_context, fp.kv_bytes_per_token
     needed = fp.weights_bytes + batch * context * per_token
     max_batch = max(0, math.floor(free / (per_token * context))) if per_token and context else None
     max_context = max(0, math.floor(free / (per_token * batch))) if per_token and batch else None
-    fits = needed <= chip.hbm_bytes
+    fits = needed <= hbm
     head = (f"batch {batch} at context {context} {'fits' if fits else 'does not fit'} "
-            f"({format_bytes(needed)} of {format_bytes(chip.hbm_bytes)} HBM per chip with the weights)")
+            f"({format_bytes(needed)} of {format_bytes(hbm)} HBM per chip{f' ({source})' if source else ''} "
+            f"with the weights)")
     tail = f"; at context {context} the largest batch is {max_batch}" if max_batch is not None else ""
     if max_batch is not None and chips > 1:
         tail += f" per chip ({max_batch * chips} per slice of {chips} replicas)"
-    return {"hbm_bytes": chip.hbm_bytes, "needed_bytes": needed, "fits": fits, "batch": batch, "context": context,
+    return {"hbm_bytes": hbm, "needed_bytes": needed, "fits": fits, "batch": batch, "context": context,
             "max_batch_at_context": max_batch, "max_context_at_batch": max_context, "line": head + tail}
 
 
@@ -500,4 +515,5 @@ def inference_section(trace: Trace, timelines: dict[str, Timeline], chip: ChipSp
     replicas = 1 if any(isinstance(r, CollectiveRecord) for r in trace.records) else world_size
     return {"phases_from": phases.found_by, "batch": phases.batch, "prompt_tokens": phases.prompt_tokens,
             "decode_steps": len(phases.decode), "weights_bytes": fp.weights_bytes, "kv_cache": kv,
-            "fits": fits_section(fp, phases.batch, chip, replicas) if kv else None, "modes": modes}
+            "fits": fits_section(fp, phases.batch, chip, replicas, hbm_capacity(trace, chip)) if kv else None,
+            "modes": modes}

@@ -58,6 +58,8 @@ def parse_lint_list(text: str) -> tuple[str, ...]:
 def parse_seconds(text: str) -> float:
     """``--max-step-time``: ``12ms``, ``0.5s``, ``250us``, ``1e-3`` (seconds without a unit) -> seconds > 0."""
     found = _DURATION_RE.match(str(text))
+    if not found and _DURATION_RE.match(str(text).strip().removeprefix("-")):     # "-5ms": the sign is what is wrong
+        raise TpusimError(f"--max-step-time {text!r}: must be a positive duration")
     if not found or found.group(2) not in _SECONDS:
         raise TpusimError(f"--max-step-time {text!r}: give a duration, e.g. 12ms, 0.5s, 250us "
                           f"(units: {', '.join(u for u in _SECONDS if u)}; no unit: seconds)")

@@ -18,7 +18,8 @@ Two ways to run a world (``TPUSIM_RANKS``, set by ``tpusim run --ranks``):
 
 Map: process_group.py (the ProcessGroup: every collective), numerics.py (the --ranks one rule),
 transport.py (gloo), p2p.py (isend/irecv: messages that complete when both sides posted them),
-hang.py (fingerprints, diagnosis), emit.py (trace records, mesh layouts), dtensor_random.py (DTensor's
+hang.py (fingerprints, diagnosis), control_store.py (the control values, signed with the run's secret so
+another local process cannot forge them), emit.py (trace records, mesh layouts), dtensor_random.py (DTensor's
 random ops on tpu meshes: whole draws, so sharded init equals CPU's),
 launcher.py (one process per rank, output by rank, crash handling), worker.py (a rank's process),
 env.py (torchrun-style environment from the topology).

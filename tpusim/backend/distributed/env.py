@@ -19,13 +19,6 @@ def loopback_listener() -> socket.socket:
     return listener
 
 
-def control_prefix(token: str) -> str:
-    """Where the control keys (fingerprints, status, the diagnosis) live in the store: under this run's secret
-    token, so another process on this machine that reaches the loopback store cannot name them (it wrote the
-    diagnosis every rank printed as tpusim's); no token (torchrun's own store) is the plain prefix."""
-    return f"tpusim-control/{token}/" if token else "tpusim-control/"
-
-
 def torchrun_env(rank: int, world: int, chips_per_host: int, mode: str, port: int) -> dict[str, str]:
     local = max(1, min(chips_per_host, world))
     return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank % local),

@@ -28,7 +28,8 @@ or crashed, and sides that disagree on shape or dtype stop with one message nami
 call, instead of gloo blocking until its timeout or failing with "Connection closed by peer". While a
 rank waits in a collective or a message, its posted messages keep moving (``Control.tick``).
 
-The first diagnosis is also written to the store key ``diagnosis`` so the launcher prints it once.
+The first diagnosis is also written to the store key ``diagnosis`` so the launcher prints it once. Every
+control value is signed with the run's secret (control_store.py): one another process wrote is read as absent.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from dataclasses import asdict, dataclass, replace
 import torch.distributed as dist
 
 from tpusim import envvars
+from tpusim.backend.distributed.control_store import SignedStore
 
 POLL_S = 0.005
 STATUS_EVERY_S = 0.25
@@ -159,8 +161,8 @@ def unmatched_message(waiting: Call, blocked: Call) -> str:
 class Control:
     """This rank's side of the shared control store: fingerprints, status, the first diagnosis."""
 
-    def __init__(self, store: dist.Store, rank: int) -> None:
-        self.store = store
+    def __init__(self, store: dist.Store, rank: int, secret: str = "") -> None:
+        self.store = SignedStore(store, secret)     # a value another process wrote is read as absent
         self.rank = rank
         self.timeout_s = envvars.read("TPUSIM_HANG_TIMEOUT_S")
         self.grace_s = envvars.read("TPUSIM_HANG_GRACE_S")
@@ -175,17 +177,11 @@ class Control:
                                                            "last": self.last.dumps() if self.last else ""}))
 
     def status_of(self, rank: int) -> dict:
-        key = f"status/{rank}"
-        if not self.store.check([key]):
-            return {"state": "starting", "detail": "", "last": ""}
-        return json.loads(self.store.get(key))
-
-    def publish_diagnosis(self, text: str) -> None:
-        self.store.compare_set("diagnosis", "", text)
+        value = self.store.read(f"status/{rank}")
+        return {"state": "starting", "detail": "", "last": ""} if value is None else json.loads(value)
 
     def fail(self, text: str) -> CollectiveMismatchError:
-        self.publish_diagnosis(text)
-        first = self.store.get("diagnosis").decode() if self.store.check(["diagnosis"]) else text
+        first = self.store.set_first("diagnosis", text).decode()
         self.set_status("failed", first)
         return CollectiveMismatchError(first)
 
@@ -202,7 +198,7 @@ class Control:
         stuck_since: dict[int, tuple[str, float]] = {}
         noted = False
         sleep = POLL_S
-        while not self.store.check(keys):
+        while (values := self.store.read_all(keys)) is None:
             if self.tick is not None:
                 self.tick()
             now = time.monotonic()
@@ -211,7 +207,7 @@ class Control:
                 noted = self._check_missing(call, keys, stuck_since, now, began, noted)
             time.sleep(sleep)
             sleep = min(sleep * 1.5, 0.05)
-        calls = [Call.loads(v) for v in self.store.multi_get(keys)]
+        calls = [Call.loads(v) for v in values]
         if len({c.signature() for c in calls}) > 1:
             raise self.fail(mismatch_message(calls))
         self.set_status("running")
@@ -236,9 +232,10 @@ class Control:
 
     def counterpart(self, call: Call) -> Call | None:
         """The other side of a published send/recv once it is there (None before); raises when it disagrees."""
-        if not self.store.check([call.counterpart()]):
+        value = self.store.read(call.counterpart())
+        if value is None:
             return None
-        other = Call.loads(self.store.get(call.counterpart()))
+        other = Call.loads(value)
         if other.signature() != call.signature():
             send, recv = (call, other) if call.kind == "send" else (other, call)
             raise self.fail(f"tpusim: point-to-point mismatch at {call.where()}: rank {send.rank} sends "
@@ -277,8 +274,8 @@ class Control:
     def _check_posted_peer(self, call: Call, now: float, began: float) -> None:
         """One look at the peer of a matched message still moving (its rank posts it at its next call or
         wait): stop when that rank is gone, or after the hang timeout."""
-        if self.store.check(["diagnosis"]):
-            raise self.fail(self.store.get("diagnosis").decode())
+        if (diagnosis := self.store.read("diagnosis")) is not None:
+            raise self.fail(diagnosis.decode())
         if self.status_of(call.peer)["state"] == "exited":
             gone = self._exited_at.setdefault(call.peer, now)
             if now - gone < self.grace_s:      # its data may still be on the way
@@ -307,8 +304,8 @@ class Control:
 
     def _check_peer(self, call: Call, stuck_since: dict, now: float, began: float, noted: bool) -> bool:
         """One look at the peer of a send/recv that has not arrived; raise when it never will."""
-        if self.store.check(["diagnosis"]):
-            raise self.fail(self.store.get("diagnosis").decode())
+        if (diagnosis := self.store.read("diagnosis")) is not None:
+            raise self.fail(diagnosis.decode())
         peer, me = call.peer, call.rank
         st = self.status_of(peer)
         state, detail = st["state"], st["detail"]
@@ -347,8 +344,8 @@ class Control:
     def _check_missing(self, call: Call, keys: list[str], stuck_since: dict, now: float, began: float,
                        noted: bool = False) -> bool:
         """One look at the members that have not arrived; raise when one never will. Returns ``noted``."""
-        if self.store.check(["diagnosis"]):
-            raise self.fail(self.store.get("diagnosis").decode())
+        if (diagnosis := self.store.read("diagnosis")) is not None:
+            raise self.fail(diagnosis.decode())
         missing = [call.group[i] for i, k in enumerate(keys) if not self.store.check([k])]
         arrived = [r for r in call.group if r not in missing]
         verbs = ("waits", "was") if len(arrived) == 1 else ("wait", "were")

@@ -29,7 +29,8 @@ from typing import TextIO
 
 import torch.distributed as dist
 
-from tpusim.backend.distributed.env import control_prefix, loopback_listener, torchrun_env
+from tpusim.backend.distributed.control_store import SignedStore
+from tpusim.backend.distributed.env import loopback_listener, torchrun_env
 
 GRACE_S = 10.0
 
@@ -83,8 +84,8 @@ def launch(script: str | Path, argv: list[str], world: int, chips_per_host: int,
     port = listener.getsockname()[1]
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=60), master_listen_fd=listener.fileno())
-    token = secrets.token_hex(16)           # the control keys' secret prefix: this run's ranks alone know it
-    control = dist.PrefixStore(control_prefix(token), store)
+    token = secrets.token_hex(16)           # signs the control values: this run's ranks alone know it (never stored)
+    control = SignedStore(store, token)
     lock = threading.Lock()
     procs, readers, traces = [], [], []
     result = LaunchResult(exit_codes=[0] * world, traces=traces)
@@ -110,8 +111,9 @@ def launch(script: str | Path, argv: list[str], world: int, chips_per_host: int,
     _watch(procs, control, result, grace_s)
     for reader in readers:
         reader.join(timeout=5)
-    if control.check(["diagnosis"]):
-        result.diagnosis = control.get("diagnosis").decode()
+    diagnosis = control.read("diagnosis")
+    if diagnosis is not None:
+        result.diagnosis = diagnosis.decode()
     del store
     listener.close()
     return result
@@ -133,7 +135,7 @@ def _interrupt(procs: list[subprocess.Popen], running: set[int]) -> None:
             pass
 
 
-def _watch(procs: list[subprocess.Popen], control: dist.Store, result: LaunchResult, grace_s: float) -> None:
+def _watch(procs: list[subprocess.Popen], control: SignedStore, result: LaunchResult, grace_s: float) -> None:
     """Wait for every rank; after the first failure (or Ctrl-C) give the others ``grace_s`` to stop, then
     kill them; a second Ctrl-C kills them at once."""
     deadline = time.monotonic() + grace_s if result.interrupted else None
@@ -152,7 +154,7 @@ def _watch(procs: list[subprocess.Popen], control: dist.Store, result: LaunchRes
             deadline = time.monotonic() + grace_s
 
 
-def _poll(procs: list[subprocess.Popen], control: dist.Store, result: LaunchResult, running: set[int],
+def _poll(procs: list[subprocess.Popen], control: SignedStore, result: LaunchResult, running: set[int],
           deadline: float | None, grace_s: float) -> float | None:
     """One look at the ranks still running; returns the (maybe new) deadline for the rest."""
     for rank in sorted(running):
@@ -164,7 +166,8 @@ def _poll(procs: list[subprocess.Popen], control: dist.Store, result: LaunchResu
         if code == 0 or result.interrupted:
             continue
         key = f"status/{rank}"
-        status = json.loads(control.get(key)) if control.check([key]) else {}
+        value = control.read(key)
+        status = json.loads(value) if value is not None else {}
         if status.get("state") == "crashed":
             result.crashed[rank] = status.get("detail", "")
         elif status.get("state") != "failed":

@@ -38,7 +38,6 @@ from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
 from tpusim.backend.distributed import emit, numerics, p2p
-from tpusim.backend.distributed.env import control_prefix
 from tpusim.backend.distributed.hang import Call, Control
 from tpusim.backend.distributed.transport import Gloo
 from tpusim.backend.source import user_source
@@ -48,6 +47,7 @@ from tpusim.trace.records import InexactCollective, RanksOne
 
 _OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum")
 CONTROL: Control | None = None      # set by the world group in --ranks all
+CONTROL_SECRET = ""                 # --ranks all: what signs the control store's values (worker.py sets it)
 
 
 def ranks_mode(world_size: int) -> str:
@@ -412,5 +412,5 @@ def _init_control(store: dist.Store, rank: int) -> None:
     if address:
         host, port = address.rsplit(":", 1)
         store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
-    CONTROL = Control(dist.PrefixStore(control_prefix(os.environ.get("TPUSIM_CONTROL_TOKEN", "")), store), rank)
+    CONTROL = Control(store, rank, CONTROL_SECRET)
     CONTROL.set_status("running")

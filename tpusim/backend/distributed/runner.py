@@ -46,12 +46,11 @@ def prepare_one(world: int, chips_per_host: int) -> None:
     install()                               # the "tpusim" backend and the launch-time patches
 
 
-def record_all(script: Path, argv: list[str], world: int, chips_per_host: int, out_dir: Path,
+def record_all(script: Path, argv: list[str], world: int, chips_per_host: int, ranks_dir: Path,
                max_records: int | None = None) -> tuple[Trace, ScriptOutcome, RecordingStopped | None]:
     """--ranks all: one process per rank, each with this process's device config (and ``max_records``, the
-    record budget, when given); their traces merged into one multi-rank trace, with where the budget
-    stopped the ranks (budget.py), if it did."""
-    ranks_dir = out_dir / "ranks"
+    record budget, when given), each writing its trace into ``ranks_dir``; their traces merged into one
+    multi-rank trace, with where the budget stopped the ranks (budget.py), if it did."""
     env = STATE.config.env() | ({} if max_records is None else {"TPUSIM_MAX_RECORDS": str(max_records)})
     result = launch(script, argv, world, chips_per_host, ranks_dir, env=env)
     present = [p for p in result.traces if p.is_file()]

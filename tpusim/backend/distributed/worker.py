@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    # the control store's secret, from the launcher: kept out of the environment the script and its children see
+    process_group.CONTROL_SECRET = os.environ.pop("TPUSIM_CONTROL_TOKEN", "")
     with backend.recording() as rec:
         outcome = run_script(args.script, list(args.args))
     outcome = finish_messages(outcome)

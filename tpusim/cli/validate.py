@@ -53,6 +53,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--leave-one-family-out", action="store_true",
                         help="price each model family's product-path cases with mxu_efficiency refitted without "
                              "them (siblings of a fit case never check themselves)")
+    parser.add_argument("--compiler", choices=("model", "xla", "both"), default="model",
+                        help="who builds the compiled programs a training case prices: tpusim's model (default), "
+                             "the TPU compiler (xla: the path `tpusim run --compiler auto` takes where the xla extra "
+                             "is installed; recorded with its op programs, slow), or both side by side (NAME@xla)")
     parser.add_argument("--write-bands", action="store_true",
                         help="after a whole run (no --case, --fast), write each mode's held-out error band to "
                              "topologies/calibration/error_bands.toml, which every report prints beside the mode")
@@ -76,10 +80,16 @@ def run(args: argparse.Namespace) -> int:
         return _explain(args, find_case(CASES, args.explain), calibration)
     if args.leave_one_family_out:
         return _leave_one_family_out(args, CASES)
-    if args.write_bands and (args.case or args.fast or args.no_calibration):
-        raise TpusimError("--write-bands needs every case, calibrated: a band from some of them would claim more than "
-                          "was checked (drop --case, --fast and --no-calibration)")
+    if args.write_bands and (args.case or args.fast or args.no_calibration or args.compiler != "model"):
+        raise TpusimError("--write-bands needs every case, calibrated, on the model path: a band from some of them "
+                          "would claim more than was checked (drop --case, --fast, --no-calibration and --compiler)")
     cases = [find_case(CASES, name) for name in args.case] if args.case else list(CASES)
+    if args.compiler != "model":
+        from tpusim.pricing.compiled import check_compiler
+        from tpusim.validate.product import with_compiler
+
+        check_compiler("xla")                # the extra missing: one line before anything records
+        cases = with_compiler(cases, args.compiler)
     if args.fast:
         cases = [c for c in cases if not c.slow]
     started = time.monotonic()
@@ -137,6 +147,14 @@ def format_table(results, summary, calibration: bool) -> str:
                      f"({s.worst})")
     from tpusim.validate.bands import mode_bands
 
+    for compiler in sorted({r.case.compiler for r in results if r.case.compiler} - {"model"}):
+        held = [r for r in results if r.case.compiler == compiler and r.held_out and r.case.kind == "measured"]
+        if held:
+            worst = max(held, key=lambda r: abs(r.error))
+            mean = sum(abs(r.error) for r in held) / len(held)
+            label = f"held out, compiler {compiler}"
+            lines.append(f"{label:26s} ({len(held):2d} cases): mean |error| {mean:6.1%}, max {abs(worst.error):6.1%} "
+                         f"({worst.case.name})")
     for mode, band in mode_bands(results).items():         # the band each report prints beside the mode
         label = f"held out, mode {mode}"
         lines.append(f"{label:26s} ({band['cases']:2d} cases): mean |error| {band['mean_abs_error']:6.1%}, max "

@@ -25,7 +25,7 @@ def mode_bands(results: list[Result]) -> dict[str, dict]:
     """Per mode: {cases, mean_abs_error, max_abs_error, worst} over the held-out measured product-path cases."""
     by_mode: dict[str, list[Result]] = {}
     for r in results:
-        if r.case.kind == "measured" and r.case.path == "product" and r.held_out:
+        if r.case.kind == "measured" and r.case.path == "product" and r.held_out and r.case.compiler != "xla":
             by_mode.setdefault(r.case.mode or "compile", []).append(r)
     bands = {}
     for mode, rs in sorted(by_mode.items()):

@@ -30,6 +30,7 @@ translation needed is reported beside the prediction (``--explain``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -41,6 +42,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpusim.eager.compiled import MODEL_ONLY
 from tpusim.errors import TpusimError
 from tpusim.hardware.spec import ChipSpec
 from tpusim.output import cache_dir
@@ -78,6 +80,7 @@ class ProductRun:
     script: str = "decoder.py"      # the PyTorch script in validation/ (decode.py: the inference cases)
     mode: str = "compile"           # how the published run ran: "compile" (compiled blocks), "fused", "strict"
     eager: str = "fused"            # the eager mode of what is not compiled: `tpusim run --mode` (TorchTPU's)
+    compiler: str = "model"         # who builds the compiled programs priced: tpusim's model, or XLA (`--compiler`)
 
 
 def _decoder_args(layers: int, emb: int, heads: int, head_dim: int, mlp_dim: int, vocab: int, seq: int, *,
@@ -173,7 +176,7 @@ PRODUCT_RUNS: tuple[ProductRun, ...] = (*MAXTEXT_RUNS, *RECIPES)
 def command(run: ProductRun, out: Path) -> list[str]:
     """The `tpusim run` command line a case records with (what a user would type, plus --out)."""
     return [sys.executable, "-m", "tpusim", "run", str(VALIDATION / run.script), "--topology", run.topology,
-            "--chip", run.chip, "--mode", run.eager, "--numerics", "off", "--ranks", "one", "--compiler", "model",
+            "--chip", run.chip, "--mode", run.eager, "--numerics", "off", "--ranks", "one", "--compiler", run.compiler,
             "--quiet", "--out", str(out), "--", *run.args]
 
 
@@ -194,7 +197,7 @@ def source_digest() -> str:
 
 def cached_folder(run: ProductRun) -> Path:
     """The recording's folder in tpusim's cache: one per command line and source digest."""
-    words = [source_digest(), run.script, run.chip, run.topology, *run.args]
+    words = [source_digest(), run.script, run.chip, run.topology, run.compiler, *run.args]
     key = hashlib.sha256("\0".join(words).encode()).hexdigest()
     return cache_dir("validate") / f"{run.name}-{key[:16]}"
 
@@ -286,10 +289,13 @@ def predictor(run: ProductRun):
     def predict(chip: ChipSpec) -> Prediction:
         from tpusim.eager.modes import get_mode
         from tpusim.pricing import price
+        from tpusim.pricing.compiled import ask_compiler, compiler_output
         from tpusim.slice.topology import build_slice
 
         trace, report = recording(run)
-        timeline = price(trace, topology=build_slice(run.topology, chip=chip), mode=get_mode(run.eager))
+        built = compiler_output(ask_compiler(trace, chip, run.compiler)) if run.compiler == "xla" else MODEL_ONLY
+        timeline = price(trace, topology=build_slice(run.topology, chip=chip), mode=get_mode(run.eager),
+                         compiled=built)
         step = timeline.steps[-1]
         mode = report["modes"][run.eager]
         hbm = mode.get("hbm", {}).get("peak_bytes") or 0
@@ -304,14 +310,36 @@ def predictor(run: ProductRun):
     return predict
 
 
+RUNS_BY_CASE: dict[str, ProductRun] = {}      # every training case's run, by case name (``with_compiler``)
+
+
 def case(run: ProductRun) -> Case:
+    RUNS_BY_CASE[run.name] = run
     return Case(name=run.name, kind="measured", title=f"{run.setup.split(',')[0]} training step on {run.accelerator}",
                 chip=run.chip, slice=run.topology, setup=run.setup, published=run.published,
                 published_s=run.published_s, source=run.source, where=run.where, predict=predictor(run),
                 conversion=run.conversion, model=f"validation/{run.script} through `tpusim run` (product path)",
-                slow=run.slow, path="product", mode=run.mode, script=f"validation/{run.script}", family=run.family,
+                slow=run.slow or run.compiler == "xla", path="product", mode=run.mode, compiler=run.compiler,
+                script=f"validation/{run.script}", family=run.family,
                 twin=run.twin)
 
 
 CASES: tuple[Case, ...] = tuple(case(run) for run in PRODUCT_RUNS)
+
+
+def with_compiler(cases: list[Case], compiler: str) -> list[Case]:
+    """``cases`` with each training product case priced through ``compiler`` ("xla": the TPU compiler's programs,
+    recorded with its op programs; "both": the model's case and the compiler's, side by side, the latter named
+    ``NAME@xla``); other cases as they are."""
+    if compiler == "model":
+        return list(cases)
+    out = []
+    for c in cases:
+        run = RUNS_BY_CASE.get(c.name)
+        if run is None:
+            out.append(c)
+            continue
+        xla = case(dataclasses.replace(run, name=f"{run.name}@xla", compiler="xla"))
+        out += [c, xla] if compiler == "both" else [xla]
+    return out
 __all__ = ["CASES", "PRODUCT_RUNS", "RECIPES", "ProductRun", "command", "recording"]

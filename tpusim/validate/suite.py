@@ -57,7 +57,8 @@ class Result:
 
     def to_dict(self) -> dict:
         c = self.case
-        return {"name": c.name, "chips": case_chips(c), "mode": c.mode or "fused", "script": c.script or None,
+        return {"name": c.name, "chips": case_chips(c), "mode": c.mode or "fused", "compiler": c.compiler or None,
+                "script": c.script or None,
                 "path": c.path, "family": c.family or c.name, "published_s": c.published_s,
                 "predicted_s": self.predicted_s, "error": self.error, "held_out": self.held_out,
                 "fitted_on": list(self.fitted_on),

@@ -86,7 +86,8 @@ def test_a_small_conformer_records_in_its_mode(tmp_path, monkeypatch, mode) -> N
     else:
         assert not in_graphs
     prediction = case(run).predict(chip_for(case(run)))
-    assert prediction.seconds == pytest.approx(report["modes"][run.eager]["step_time_median_s"], rel=1e-9)
+    # report.json keeps 9 significant digits
+    assert prediction.seconds == pytest.approx(report["modes"][run.eager]["step_time_median_s"], rel=1e-8)
 
 
 def _result(name: str, mode: str, error: float, held_out: bool = True) -> Result:
@@ -115,3 +116,38 @@ def test_a_modes_band_is_its_held_out_cases_and_the_report_reads_it(tmp_path, mo
         assert fidelity.band_text("fused", 2, 0.05, 0.07) == "±5.0% (max 7.0%, 2 fused cases)"
     finally:
         fidelity.bands.cache_clear()
+
+
+def test_both_compilers_price_each_training_case_side_by_side() -> None:
+    from tpusim.validate.product import with_compiler
+
+    chosen = [c for c in CASES if c.name.startswith("titan-") or c.path != "product"][:12]
+    both = with_compiler(chosen, "both")
+    training = [c for c in chosen if c.name.startswith("titan-")]
+    assert [c.name for c in both if c.name.endswith("@xla")] == [f"{c.name}@xla" for c in training]
+    assert all(c.compiler == "xla" and c.slow for c in both if c.name.endswith("@xla"))
+    assert with_compiler(chosen, "model") == chosen
+    assert {c.name for c in with_compiler(chosen, "xla")} == {
+        *(c.name for c in chosen if c not in training), *(f"{c.name}@xla" for c in training)}
+
+
+@pytest.mark.slow      # about a minute: a small recording, then XLA compiles its programs (deviceless)
+def test_the_compiler_path_prices_a_case_from_xlas_programs(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("jax")
+    from tpusim.xla.compiler import missing
+
+    if missing():
+        pytest.skip(missing())
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    recording.cache_clear()
+    base = next(r for r in RUNS if r.mode == "compile" and r.accelerator == "v6e-8")
+    small = ("--layers", "2", "--kv-reuse", "1", "--d-model", "256", "--heads", "4", "--kv-heads", "2",
+             "--vocab", "2048", "--seq", "256", "--loss-chunk", "128", "--batch", "1", "--steps", "3")
+    model_run = dataclasses.replace(base, name="titan-test-model", args=small)
+    xla_run = dataclasses.replace(model_run, name="titan-test-xla", compiler="xla")
+    trace, report = recording(xla_run)
+    assert trace.meta.xla_modules                                       # the compiled layers' programs
+    xla_s = case(xla_run).predict(chip_for(case(xla_run))).seconds
+    # what `tpusim run --compiler xla` printed for the same recording: the same path
+    assert xla_s == pytest.approx(report["modes"]["fused"]["step_time_median_s"], rel=1e-9)
+    assert report["modes"]["fused"]["compiler"] == "xla"

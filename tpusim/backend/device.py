@@ -14,12 +14,25 @@ mode reaches debug mode first (tpusim/backend/debug.py), then the held target.
 from __future__ import annotations
 
 import gc
+import os
 
 import torch
 import torch.distributed as dist
 
 from tpusim.backend import compile as compile_backend
-from tpusim.backend import compiler, debug, fallback, recorder, rnn, shim, shutdown, torchtpu, tpu_module, tpu_numerics
+from tpusim.backend import (
+    compiler,
+    debug,
+    fallback,
+    recorder,
+    rnn,
+    shape_functions,
+    shim,
+    shutdown,
+    torchtpu,
+    tpu_module,
+    tpu_numerics,
+)
 from tpusim.backend.config import DeviceConfig, load_config
 from tpusim.backend.state import STATE
 from tpusim.backend.targets import select
@@ -43,6 +56,8 @@ def register(config: DeviceConfig | None = None) -> None:
             f"cannot be registered. Import tpusim.backend before that backend, or do not load both.")
     quiet_libtpu()                               # jax, when it loads, must not greet a user with libtpu's warnings
     cfg = config or load_config()
+    if cfg.eager_mode is None:                   # TPUSIM_EAGER_MODE=turbo: refused before any change, not after
+        eager.mode_from_environment(os.environ)  # torch accepted "tpu" with no shim behind it (issue 44, NT5)
     target = select(cfg.target)                  # first: a target that cannot load fails before any change
     module = shim.load()
     _apply(module, cfg)
@@ -60,6 +75,7 @@ def register(config: DeviceConfig | None = None) -> None:
     _register_c10d()
     shutdown.install(NAME)
     rnn.register()                                 # RNN layers outside a recording: CPU's own kernel (rnn.py)
+    shape_functions.register()                     # Meta kernels ATen lacks (CTC loss): shape-only runs
     if cfg.eager_mode is not None:
         eager.set_eager_mode(cfg.eager_mode)
     debug.apply_mode(eager.get_eager_mode())       # TPUSIM_EAGER_MODE is checked here, at import

@@ -10,7 +10,8 @@ batch, precision and remat of the published run, and a predictor that prices the
   from closed-form layer shapes and priced with ``tpusim.pricing.price`` in fused mode;
 - ``product``: the training runs as a PyTorch script (validation/decoder.py) recorded by `tpusim run`;
 - ``torchtitan``: TorchTPU's own runs of one script per eager mode (the TorchTitan TPU recipes' AFMv7 3B LoRA rows,
-  compiled and DEFER_AND_FUSE eager) as validation/lora_decoder.py, recorded the same way;
+  compiled and DEFER_AND_FUSE eager, as validation/lora_decoder.py; their Conformer rows as
+  validation/conformer.py), recorded the same way;
 - ``inference``: published times per output token (vLLM on v6e; the scaling book's serving examples as formula
   checks) as a PyTorch decode loop (validation/decode.py) recorded by `tpusim run`.
 

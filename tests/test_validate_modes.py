@@ -97,6 +97,15 @@ def _result(name: str, mode: str, error: float, held_out: bool = True) -> Result
     return Result(c, 1.0 + error, Prediction(1.0 + error), calibrated=True, held_out=held_out)
 
 
+def test_only_a_mode_whose_every_case_ran_may_have_its_band_written() -> None:
+    from tpusim.validate.bands import complete_modes
+
+    fused = [c for c in CASES if c.path == "product" and c.mode == "fused"]
+    results = [Result(c, 1.0, Prediction(1.0), calibrated=True, held_out=True) for c in fused]
+    assert complete_modes(results, list(CASES)) == {"fused"}
+    assert complete_modes(results[1:], list(CASES)) == set()
+
+
 def test_a_modes_band_is_its_held_out_cases_and_the_report_reads_it(tmp_path, monkeypatch) -> None:
     results = [_result("a", "fused", -0.07), _result("b", "fused", 0.03), _result("c", "compile", 0.11),
                _result("fit", "compile", 0.5, held_out=False)]
@@ -104,15 +113,17 @@ def test_a_modes_band_is_its_held_out_cases_and_the_report_reads_it(tmp_path, mo
     assert bands["fused"] == {"cases": 2, "mean_abs_error": pytest.approx(0.05), "max_abs_error": pytest.approx(0.07),
                               "worst": "a"}
     assert bands["compile"]["cases"] == 1 and "strict" not in bands        # a fit case is no evidence
-    write_bands(results, tmp_path / fidelity.BANDS_FILE)
+    write_bands(results, {"fused", "compile"}, tmp_path / fidelity.BANDS_FILE)
+    write_bands([_result("d", "strict", 0.2)], {"strict"}, tmp_path / fidelity.BANDS_FILE)   # keeps the others
     monkeypatch.setattr(fidelity, "calibration_dir", lambda: tmp_path)
     fidelity.bands.cache_clear()
     try:
         fused = fidelity.fidelity("fused", ran_compiled=False)
         assert fused["cases"] == 2 and fused["max_abs_error"] == pytest.approx(0.07)
         assert fidelity.fidelity("fused", ran_compiled=True)["validated_as"] == "compile"
-        strict = fidelity.fidelity("strict", ran_compiled=False)
-        assert strict["cases"] == 0 and fidelity.band_text("strict", 0, None, None) == "not validated (strict)"
+        assert fidelity.fidelity("strict", ran_compiled=False)["max_abs_error"] == pytest.approx(0.2)
+        assert fidelity.fidelity("debug", ran_compiled=False)["cases"] == 0
+        assert fidelity.band_text("debug", 0, None, None) == "not validated (debug)"
         assert fidelity.band_text("fused", 2, 0.05, 0.07) == "±5.0% (max 7.0%, 2 fused cases)"
     finally:
         fidelity.bands.cache_clear()

@@ -4,18 +4,20 @@ Why: the report prints a step time per eager mode; a user needs to know how far 
 TPUs. ``mode_bands(results)`` groups the held-out product-path cases by the mode their published run used (a case's
 ``mode``: "compile", "fused", "strict") and gives each mode's case count and mean and max |error|;
 ``write_bands`` writes them to ``topologies/calibration/error_bands.toml`` (`tpusim validate --write-bands`), which
-the report reads (tpusim/report/fidelity.py). Only a whole run may write it: a band from a subset of the cases would
-claim more than was checked.
+the report reads (tpusim/report/fidelity.py), for the modes all of whose cases the run priced (``complete_modes``):
+a band from some of a mode's cases would claim more than was checked.
 """
 
 from __future__ import annotations
 
 import datetime
 import statistics
+import tomllib
 from pathlib import Path
 
 from tpusim.hardware.calibration import calibration_dir
 from tpusim.output import write_atomic
+from tpusim.validate.case import Case
 from tpusim.validate.suite import Result
 
 BANDS_FILE = "error_bands.toml"
@@ -39,16 +41,36 @@ def bands_path() -> Path:
     return calibration_dir() / BANDS_FILE
 
 
-def write_bands(results: list[Result], path: Path | None = None) -> Path:
-    """Write ``mode_bands(results)`` as TOML (one table a mode), with the date it was measured."""
+def complete_modes(results: list[Result], cases: list[Case]) -> set[str]:
+    """The modes every one of whose measured product-path cases (of ``cases``, the whole suite) was priced in
+    ``results``: only their bands may be written (a band from some of a mode's cases would claim more than was
+    checked)."""
+    ran = {r.case.name for r in results}
+    modes: dict[str, set[str]] = {}
+    for c in cases:
+        if c.kind == "measured" and c.path == "product" and c.compiler != "xla":
+            modes.setdefault(c.mode or "compile", set()).add(c.name)
+    return {mode for mode, names in modes.items() if names <= ran}
+
+
+def write_bands(results: list[Result], modes: set[str], path: Path | None = None) -> Path:
+    """Write ``mode_bands(results)`` of ``modes`` as TOML (one table a mode, with the date it was measured); the
+    file's other modes stay as they were measured before."""
     path = path or bands_path()
+    try:
+        kept = {m: b for m, b in tomllib.loads(path.read_text()).items() if isinstance(b, dict) and m not in modes}
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        kept = {}
+    today = datetime.date.today().isoformat()
+    fresh = {m: {**b, "measured": today} for m, b in mode_bands(results).items() if m in modes}
     lines = ["# The validated error of each mode: mean and max |error| of `tpusim validate`'s held-out product-path",
              "# cases whose published run used that mode (compile: torch.compile'd, the rest in an eager mode;",
              "# fused / strict: the whole step in that eager mode). Written by `python -m tpusim validate",
-             f"# --write-bands` on {datetime.date.today().isoformat()} (tpusim/validate/bands.py); read by the report",
-             "# (tpusim/report/fidelity.py). Adding a mode = one table here, written by that command.", ""]
-    for mode, band in mode_bands(results).items():
-        lines += [f"[{mode}]", f"cases = {band['cases']}", f"mean_abs_error = {band['mean_abs_error']:.4f}",
-                  f"max_abs_error = {band['max_abs_error']:.4f}", f"worst = \"{band['worst']}\"", ""]
+             "# --write-bands` (tpusim/validate/bands.py) for each mode all of whose cases it priced; read by the",
+             "# report (tpusim/report/fidelity.py). Adding a mode = one table here, written by that command.", ""]
+    for mode, band in sorted({**kept, **fresh}.items()):
+        lines += [f"[{mode}]", f"cases = {int(band['cases'])}", f"mean_abs_error = {float(band['mean_abs_error']):.4f}",
+                  f"max_abs_error = {float(band['max_abs_error']):.4f}", f"worst = \"{band['worst']}\"",
+                  f"measured = \"{band.get('measured', '')}\"", ""]
     write_atomic(path, "\n".join(lines))
     return path

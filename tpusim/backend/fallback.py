@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tpusim.backend import debug, kernels, op_programs, policy, recorder, schema, shim, source
+from tpusim.backend import debug, kernels, offload, op_programs, policy, recorder, schema, shim, source
 from tpusim.backend.schema import DEVICE, DTYPE, TENSOR, TENSOR_LIST
 from tpusim.backend.source import user_source
 from tpusim.backend.state import STATE
@@ -323,6 +323,7 @@ def install() -> None:
         return
     module = shim.load()                         # STATE.shim is set once registration is done
     source.install(module)
+    offload.install(module)
     module.install_fallback(fallback, native_plan, recorder.shaped_cost)
     names = dict.fromkeys((*composite_shadowed(), *CPU_COMPOSITES, *kernels.KERNELS))
     module.register_fallback([name.removeprefix("aten::") for name in names])

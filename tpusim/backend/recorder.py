@@ -517,6 +517,9 @@ def stop() -> Trace:
     cfg = STATE.config
     meta = TraceMeta(device="tpu", chip=cfg.chip.name, devices=cfg.device_count, hbm_bytes=cfg.hbm_bytes,
                      numerics=cfg.numerics, f64_ops=tuple(policy.non_native_ops()))
+    host_peak = STATE.shim.record_host_peak()    # host memory offloaded tensors held (tpusim/backend/offload.py)
+    if host_peak:
+        meta = meta.replace(host_peak_bytes=host_peak)
     meta = meta.replace(**rec.meta.set_fields())  # what layers above set wins
     for source in _META_SOURCES:                # e.g. torch.compile's breaks and recompiles (tpusim/backend/compile.py)
         meta = meta.replace(**source())

@@ -73,6 +73,7 @@ class _Item:
     cost: KernelCost | None = None
     done: simpy.Event | None = None
     wait_collectives: bool = False
+    copied: simpy.Event | None = None   # transfer: fires when the copy is done (known to the host from issue on)
 
 
 @dataclass
@@ -269,7 +270,7 @@ class _Chip:
                     yield from self._dispatch(rec, issue_s, kind=kind)
                     continue
                 if rec.event in ("h2d", "d2h") and rec.non_blocking:
-                    yield from self._put(_Item("transfer", rec))
+                    yield from self._put(_Item("transfer", rec, copied=self._issue_transfer(rec)))
                     continue
                 start = env.now
                 fence = _Item("fence", rec, done=env.event(),
@@ -306,16 +307,22 @@ class _Chip:
             yield self.env.timeout(transfer_seconds(rec, self.sim.chip))
             self.log(start, "pcie", rec.event, "transfer", rec, bytes=rec.bytes, bound=rec.reason)
 
-    def _start_transfer(self, rec: HostRecord) -> None:
-        """A non_blocking copy reached the device queue: it runs beside compute; its readers wait for it."""
-        done = self.env.process(self._transfer(rec))
-        self._track(self.transfers, done)
+    def _issue_transfer(self, rec: HostRecord) -> simpy.Event:
+        """A non_blocking copy issued: from now on its readers (and a free of the buffer it reads) wait for it."""
+        copied = self.env.event()
+        self._track(self.transfers, copied)
         if rec.event == "h2d":
-            self.pending[rec.storage] = done
+            self.pending[rec.storage] = copied
         else:
-            self.offloading[rec.storage] = done
+            self.offloading[rec.storage] = copied
             if rec.host:
-                self.host_filled[rec.host] = done
+                self.host_filled[rec.host] = copied
+        return copied
+
+    def _run_transfer(self, rec: HostRecord, copied: simpy.Event):
+        """A non_blocking copy that reached the device queue: it runs on PCIe beside compute."""
+        yield from self._transfer(rec)
+        copied.succeed()
 
     def _dispatch(self, rec: Record, seconds: float, kind: str = "dispatch"):
         if seconds > 0:
@@ -358,15 +365,15 @@ class _Chip:
                     yield run
                     self.log(start, "tensorcore", f"wait:{rec.collective}", "wait", rec, bound="collective")
             elif item.what == "transfer":
-                self._start_transfer(rec)
+                env.process(self._run_transfer(rec, item.copied))
             elif item.what == "fence":
                 waits = list(self.async_compute)
                 if item.wait_collectives:
                     waits += [*self.async_collectives, *self.transfers]
                 if waits:
-                    start = env.now
+                    start, on_pcie = env.now, any(ev in self.transfers for ev in waits)
                     yield env.all_of(waits)
-                    if any(ev in self.transfers for ev in waits):
+                    if on_pcie:
                         self.log(start, "tensorcore", "wait:pcie", "wait", rec, bound="pcie")
             elif item.what == "step":
                 env.process(self._step_end(rec))

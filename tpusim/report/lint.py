@@ -19,7 +19,15 @@ from tpusim.hardware.compute import matmul_padding
 from tpusim.hardware.spec import ChipSpec
 from tpusim.pricing.timeline import Timeline
 from tpusim.report import fused_lint, torchtpu
-from tpusim.trace.records import CollectiveRecord, DynamoRecompile, HostRecord, OpRecord, StepMarker, Trace
+from tpusim.trace.records import (
+    OFFLOAD_REASON,
+    CollectiveRecord,
+    DynamoRecompile,
+    HostRecord,
+    OpRecord,
+    StepMarker,
+    Trace,
+)
 
 HBM_NEAR_CAPACITY = 0.9
 MXU_WASTE_SHARE = 0.05   # shapes with at least 5% of the program's matmul FLOPs...
@@ -77,7 +85,7 @@ def syncs_in_step_loop(trace: Trace, chip: ChipSpec, timeline: Timeline | None) 
     first_rank = min((r.rank for r in trace.records), default=0)    # --ranks all: every rank ran the loop
     for record, step in zip(trace.records, step_of_records(trace)):
         if (step is not None and record.rank == first_rank and isinstance(record, HostRecord)
-                and record.event in ("sync", "d2h")):
+                and record.event in ("sync", "d2h") and record.reason != OFFLOAD_REASON):   # offloads: own row
             key = (record.reason or record.event, record.source)
             steps_of.setdefault(key, set()).add(step)
             count[key] += 1

@@ -100,6 +100,8 @@ when it compares a version 3 or 4 report with an older one::
                                busy_links, simulated_links, busiest [{link, utilisation, bytes, simulated}],
                                per_chip [[coord, mean outgoing-link utilisation]]
       host_stalls              [{reason, source, seconds}] where the host waited for the device
+      offload                  (only when activations were kept on the host; tpusim/report/offload.py)
+                               host_peak_bytes, d2h_bytes, h2d_bytes, d2h_copies, h2d_copies, pcie_s, pcie_exposed_s
     warnings                   [{code, message, source}] (TPU-readiness lint; codes: tpusim/report/lint.py RULES)
     distributed                (tpusim run only) ranks ("one" | "all"), world_size, placement
                                ("tp=x,fsdp=yz"), numerics_rule, not_reference_correct [{kind, source,
@@ -145,12 +147,14 @@ from tpusim.hardware.spec import ChipSpec
 from tpusim.placement import Distributed, PlacementComparison
 from tpusim.pricing import priced_chip
 from tpusim.pricing.timeline import Timeline
+from tpusim.report import fidelity
 from tpusim.report.collectives import collective_entry, group_collectives
 from tpusim.report.headline import NO_STEPS_MARKED, headline
 from tpusim.report.inference import inference_section
 from tpusim.report.links import link_summary
 from tpusim.report.lint import LintWarning, step_loop_recompiles
 from tpusim.report.measured import Measured, measured_section
+from tpusim.report.offload import offload_entry
 from tpusim.report.schema import Report
 from tpusim.report.steps import split_steps
 from tpusim.report.text import resolved
@@ -248,6 +252,9 @@ def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str
         "warnings": [asdict(w) for w in warnings],
         "inference": inference_section(trace, timelines, chip, slice_.total_chips, device_split),
     }
+    ran_compiled = fidelity.compiled(trace)
+    for mode, section in report["modes"].items():
+        section["fidelity"] = fidelity.fidelity(mode, ran_compiled)
     if report["inference"] is not None:     # a decode loop marks no training steps, and nothing is wrong with that
         for section in report["modes"].values():
             head = section["headline"]
@@ -359,6 +366,7 @@ def mode_report(timeline: Timeline, trace: Trace, slice_: Slice, tokens_per_step
         "collective_groups": group_collectives(calls),
         "links": link_summary(timeline, tuple(slice_.dims), steps.steady_start_s, steps.steady_end_s),
         "host_stalls": host_stalls(timeline),
+        **offload_entry(timeline, trace),
     }
 
 

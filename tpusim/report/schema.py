@@ -30,6 +30,8 @@ def _number(value: Any) -> int | float:
 
 
 def _finite(value: Any) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PydanticCustomError("finite", "a finite number")
     if not math.isfinite(_number(value)):
         raise PydanticCustomError("finite", "a finite number")
     return value
@@ -340,6 +342,28 @@ class XlaSection(Part):
     fell_back: list[str] = []
 
 
+class Fidelity(Part):
+    """modes.<mode>.fidelity: how far this mode has been found from real TPUs (tpusim/report/fidelity.py)."""
+
+    validated_as: str                   # "compile" (the program ran compiled graphs), else the eager mode
+    cases: int = 0                      # held-out `tpusim validate` cases of that mode (0: not validated)
+    mean_abs_error: Num | None = None
+    max_abs_error: Num | None = None
+
+
+class Offload(Part):
+    """modes.<mode>.offload (version 6 on; only when the program offloaded activations to the host): per chip, what
+    left HBM and came back, the host memory it held, and the PCIe time (tpusim/report/offload.py)."""
+
+    host_peak_bytes: int                # peak host memory held by offloaded tensors
+    d2h_bytes: Num                      # offload copies device -> host
+    h2d_bytes: Num                      # their host buffers copied back
+    d2h_copies: int = 0
+    h2d_copies: int = 0
+    pcie_s: Num = 0.0                   # the host link's busy time (every copy of the mode)
+    pcie_exposed_s: Num = 0.0           # the part compute did not hide: blocking copies, device waits for a copy
+
+
 class ModeSection(Part):
     """modes.<mode>: one eager mode priced."""
 
@@ -367,6 +391,8 @@ class ModeSection(Part):
     host_stalls: list[HostStall] = []
     compiler: str | None = None         # who priced the compiled programs: "xla" or "model" (runs with some)
     xla: XlaSection | None = None
+    offload: Offload | None = None      # activations kept on the host (version 6 on; absent when none were)
+    fidelity: Fidelity | None = None    # the mode's validated error band (version 6 on)
 
     @property
     def time_s(self) -> float:

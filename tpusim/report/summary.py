@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tpusim.report.fidelity import band_text
 from tpusim.report.model import incomplete_reason
 from tpusim.report.schema import CompileCache, Headline, InferenceMode, InferenceSection, ModeSection, Report, StepsInfo
 from tpusim.report.text import HFU_LABEL, MFU_LABEL, MXU_LABEL, percent_text, seconds_text, tflops_text
@@ -153,6 +154,7 @@ def mode_rows(modes: Modes, names: list[str], partial: bool = False,
     return [
         *steps,
         *headline_rows(modes, names),
+        ("validated error", [_band(modes[m]) for m in names]),
         (TOTALS, [""] * len(names)),      # the rows above are per step (steady state), those below whole-program
         ("kernels", [str(modes[m].kernels) for m in names]),
         ("host dispatch", [seconds_text(modes[m].host_s.dispatch) for m in names]),
@@ -166,7 +168,25 @@ def mode_rows(modes: Modes, names: list[str], partial: bool = False,
         (MXU_LABEL, [percent_text(modes[m].mxu_utilisation) for m in names]),
         ("HBM peak", [f"{format_bytes(modes[m].hbm.peak_bytes)} "
                       f"({percent_text(modes[m].hbm.peak_fraction)})" for m in names]),
+        *offload_rows(modes, names),
     ]
+
+
+def offload_rows(modes: Modes, names: list[str]) -> list[tuple[str, list[str]]]:
+    """Activation offload (tpusim/report/offload.py), only when a mode kept activations on the host: the host
+    memory they held at most, and the PCIe time with the part compute did not hide."""
+    if not any(modes[m].offload for m in names):
+        return []
+    offloads = [modes[m].offload for m in names]
+    return [("host peak (offload)", ["-" if o is None else format_bytes(o.host_peak_bytes) for o in offloads]),
+            ("PCIe (exposed)", ["-" if o is None else f"{seconds_text(o.pcie_s)} ({seconds_text(o.pcie_exposed_s)})"
+                                for o in offloads])]
+
+
+def _band(mode: ModeSection) -> str:
+    """The mode's validated error band (tpusim/report/fidelity.py); reports before version 6 have none."""
+    f = mode.fidelity
+    return "" if f is None else band_text(f.validated_as, f.cases, f.mean_abs_error, f.max_abs_error)
 
 
 def _recompiles(mode: ModeSection, serving: InferenceMode | None) -> str:

@@ -32,13 +32,25 @@ namespace {
 constexpr c10::DispatchKeySet kDeviceKeys(c10::DispatchKey::PrivateUse1);
 
 // The native hook's listeners first (the PJRT fused window runs pending work), then the recording log.
-void notify(const char* kind, const at::Tensor& a, const at::Tensor* b) {
+void notify(const char* kind, const at::Tensor& a, const at::Tensor* b, bool non_blocking = false,
+            bool offload = false) {
   if (g_native_hook_on.load(std::memory_order_relaxed) && g_native_hook) {
     g_native_hook(kind, a, b);
   }
   if (g_recording.load(std::memory_order_relaxed)) {
-    log_native(kind, a, b);
+    log_native(kind, a, b, non_blocking, offload);
   }
+}
+
+// Whether a device->host copy keeps an activation on the host (an offload) rather than reading a value: a
+// non_blocking copy (the program cannot read it before a sync), a copy into pinned memory (a transfer
+// buffer), or one a saved-tensors pack hook makes (save_on_cpu, saved_tensors_hooks). Asked only where it
+// matters: shape-only mode (an offload's host copy holds no values, any other copy raises) and recording.
+bool is_offload(const at::Tensor& dst, bool non_blocking) {
+  if (!config().no_data && !g_recording.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  return non_blocking || dst.is_pinned() || in_pack_hook();
 }
 
 c10::DeviceIndex index_of(std::optional<c10::Device> device) {
@@ -164,8 +176,9 @@ at::Tensor& set_empty(at::Tensor& self) {
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   const bool src_dev = self.is_privateuseone();
   const bool dst_dev = dst.is_privateuseone();
+  const bool offload = src_dev && !dst_dev && is_offload(dst, non_blocking);
   if (config().no_data) {
-    if (!dst_dev) {
+    if (!dst_dev && !offload) {
       shape_only_error("copy the values to the host (.cpu(), .numpy(), .tolist(), print)", self);
     }
   } else {
@@ -173,7 +186,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     at::Tensor d = dst_dev ? host_alias(dst) : dst;
     at::native::copy_(d, s, non_blocking);
   }
-  notify("copy", self, &dst);
+  notify("copy", self, &dst, non_blocking, offload);
   return dst;
 }
 
@@ -248,7 +261,10 @@ bool is_host_alias(const c10::StorageImpl* storage) { return alias_ctx(storage) 
   shape << t.sizes();
   TORCH_CHECK(false, "tpusim: cannot ", what, " of a tpu tensor (shape ", shape.str(), ", ", t.scalar_type(),
               ") in shape-only mode (TPUSIM_NUMERICS=off): tensors have shapes but no values. Remove the value "
-              "read, or run with TPUSIM_NUMERICS=on.");
+              "read, or run with TPUSIM_NUMERICS=on",
+              std::strncmp(what, "copy", 4) == 0 ? " (to keep an activation on the host, copy it with "
+                                                   "non_blocking=True or under torch.autograd.graph.save_on_cpu)."
+                                                 : ".");
 }
 
 // A CPU tensor over the same memory as `t` (meta in shape-only mode) covering its whole storage,

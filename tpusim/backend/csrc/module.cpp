@@ -20,6 +20,8 @@ void record_classes(py::object memory_record, py::object tensor_meta, py::object
                     py::object counted_cost, py::object copy_family);
 py::tuple record_metas(const std::vector<at::Tensor>& tensors);
 int64_t record_tensor_id();
+void set_pack_hook_check(py::object check);
+int64_t record_host_peak();
 }  // namespace tpusim
 
 namespace {
@@ -125,6 +127,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("record_classes", &record_classes);
   m.def("record_metas", &record_metas);
   m.def("record_tensor_id", &record_tensor_id);
+  m.def("set_pack_hook_check", &set_pack_hook_check);
+  m.def("record_host_peak", &record_host_peak);
   m.def("set_native_hook", &set_native_hook);
   m.def("device_count", []() { return static_cast<int>(config().device_count); });
   m.def("current_device", []() { return static_cast<int>(current_device()); });

@@ -17,6 +17,7 @@
 // waits on (the ``loss.backward()`` call).
 #include "tpu_shim.h"
 
+#include <ATen/SavedTensorHooks.h>
 #include <ATen/SequenceNumber.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/DynamicTypes.h>
@@ -44,7 +45,9 @@ enum Kind : int { kAlloc = 0, kFree = 1, kOp = 2, kCopy = 3, kHost = 4 };
 struct Event {
   int kind;
   int64_t a = 0;               // alloc/free: storage id; host: bytes
-  int64_t b = 0;               // alloc/free: bytes
+  int64_t b = 0;               // alloc/free: bytes; host: the device storage a copy reads or writes
+  int64_t c = 0;               // host: the host buffer a copy writes or reads (0: not an offload's)
+  bool non_blocking = false;   // host: a copy asked non_blocking
   PyObject* name = nullptr;    // op: its name; host: the event ("sync", "d2h", "h2d")  (never freed)
   PyObject* reason = nullptr;  // host: why ("item", "print", "cpu", "to_device")      (never freed)
   PyObject* source = nullptr;  // the user's line                                       (never freed)
@@ -155,6 +158,7 @@ struct Names {
   PyObject* print = intern("print");
   PyObject* cpu = intern("cpu");
   PyObject* to_device = intern("to_device");
+  PyObject* offload = intern("offload");
   PyObject* copy = intern("aten::copy_");
   PyObject* alloc = intern("alloc");
   PyObject* free = intern("free");
@@ -365,13 +369,89 @@ void log_op(PyObject* name, const std::vector<at::Tensor>& ins, const std::vecto
 
 namespace {
 
-void log_host(PyObject* event, PyObject* reason, int64_t bytes, PyObject* source) {
+void log_host(PyObject* event, PyObject* reason, int64_t bytes, PyObject* source, int64_t storage = 0,
+              int64_t host = 0, bool non_blocking = false) {
   Event e{kHost};
   e.name = event;
   e.reason = reason;
   e.a = bytes;
+  e.b = storage;
+  e.c = host;
+  e.non_blocking = non_blocking;
   e.source = source;
   g_events.push_back(e);
+}
+
+// ---------------------------------------------------------------- host memory held by offloaded tensors
+//
+// A host buffer an offload copies into is tracked from that copy until torch frees it: its storage's data
+// pointer is wrapped (same address, so pinned-ness and views are unchanged) by one whose deleter counts the
+// bytes off before the original deleter runs. Live and peak bytes are per recording (an epoch); the recorder
+// reads the peak at its stop (TraceMeta.host_peak_bytes). The counters have their own leaf lock: a deleter
+// may run on any thread, with or without the GIL, and never takes g_log_mu.
+
+struct HostBuffer {
+  c10::DataPtr inner;  // the storage's own data pointer (its deleter frees the memory)
+  int64_t id;
+  int64_t bytes;
+  uint64_t epoch;      // the recording that counted it
+};
+
+std::mutex g_host_mu;
+int64_t g_host_ids = 0;
+uint64_t g_host_epoch = 0;
+int64_t g_host_live = 0;
+int64_t g_host_peak = 0;
+
+void delete_host_buffer(void* ctx) {
+  auto* buffer = static_cast<HostBuffer*>(ctx);
+  {
+    std::lock_guard<std::mutex> lock(g_host_mu);
+    if (buffer->epoch == g_host_epoch) {
+      g_host_live -= buffer->bytes;
+    }
+  }
+  delete buffer;  // the inner DataPtr frees the memory
+}
+
+void count_host(HostBuffer* buffer) {  // g_host_mu held
+  buffer->epoch = g_host_epoch;
+  g_host_live += buffer->bytes;
+  g_host_peak = std::max(g_host_peak, g_host_live);
+}
+
+// The id of the tracked host buffer under `t`, tracking it first (counted in this recording's host memory).
+int64_t track_host_buffer(const at::Tensor& t) {
+  if (!t.has_storage()) {
+    return 0;
+  }
+  auto* si = t.storage().unsafeGetStorageImpl();
+  void* data = si->mutable_data();  // a copy-on-write storage materializes first: the address to keep
+  const auto& dp = si->data_ptr();
+  std::lock_guard<std::mutex> lock(g_host_mu);
+  if (dp.get_deleter() == &delete_host_buffer) {
+    auto* buffer = static_cast<HostBuffer*>(dp.get_context());
+    if (buffer->epoch != g_host_epoch) {
+      count_host(buffer);
+    }
+    return buffer->id;
+  }
+  if (data == nullptr) {
+    return 0;
+  }
+  auto* buffer = new HostBuffer{c10::DataPtr(), ++g_host_ids, static_cast<int64_t>(si->nbytes()), 0};
+  buffer->inner = si->set_data_ptr(c10::DataPtr(data, buffer, &delete_host_buffer, dp.device()));
+  count_host(buffer);
+  return buffer->id;
+}
+
+// The id of the tracked host buffer under `t`, or 0 when it is none (an h2d from an ordinary host tensor).
+int64_t host_buffer_id(const at::Tensor& t) {
+  if (!t.has_storage()) {
+    return 0;
+  }
+  const auto& dp = t.storage().unsafeGetStorageImpl()->data_ptr();
+  return dp.get_deleter() == &delete_host_buffer ? static_cast<const HostBuffer*>(dp.get_context())->id : 0;
 }
 
 int64_t nbytes_of(const at::Tensor& t) {
@@ -381,7 +461,7 @@ int64_t nbytes_of(const at::Tensor& t) {
 }  // namespace
 
 // A native kernel's event (kernels.cpp: "item" before reading, "copy" after copying) while recording.
-void log_native(const char* kind, const at::Tensor& a, const at::Tensor* b) {
+void log_native(const char* kind, const at::Tensor& a, const at::Tensor* b, bool non_blocking, bool offload) {
   py::gil_scoped_acquire gil;
   bool printing = false;
   PyObject* source = user_source(&printing);
@@ -411,14 +491,44 @@ void log_native(const char* kind, const at::Tensor& a, const at::Tensor* b) {
     g_events.push_back(e);
     return;
   }
+  const at::Tensor& dev = src_dev ? a : *b;
+  const int64_t storage = dev.has_storage() ? storage_id(dev.storage().unsafeGetStorageImpl()) : 0;
+  const int64_t host = offload ? track_host_buffer(*b) : src_dev ? 0 : host_buffer_id(a);
   std::lock_guard<std::mutex> lock(g_log_mu);
-  if (src_dev) {
+  if (src_dev && offload) {  // no sync: the engine prices it as a copy (a blocking one waits for the device)
+    log_host(n.d2h, n.offload, size, source, storage, host, non_blocking);
+  } else if (src_dev) {
     PyObject* reason = printing ? n.print : n.cpu;
     log_host(n.sync, reason, 0, source);
-    log_host(n.d2h, reason, size, source);
+    log_host(n.d2h, reason, size, source, storage, host, non_blocking);
   } else {
-    log_host(n.h2d, n.to_device, size, source);
+    log_host(n.h2d, n.to_device, size, source, storage, host, non_blocking);
   }
+}
+
+// In a pack hook now? The thread's saved-tensors hook stack first (no Python when empty), then
+// tpusim/backend/offload.py's check of the Python stack for the top pack hook's frame.
+PyObject* g_in_pack_hook = nullptr;
+
+bool in_pack_hook() {
+  if (g_in_pack_hook == nullptr || at::SavedTensorDefaultHooks::get_tls_state().stack.empty()) {
+    return false;
+  }
+  py::gil_scoped_acquire gil;
+  PyObject* answer = PyObject_CallNoArgs(g_in_pack_hook);
+  if (answer == nullptr) {
+    throw python_error();
+  }
+  const bool yes = PyObject_IsTrue(answer) == 1;
+  Py_DECREF(answer);
+  return yes;
+}
+
+void set_pack_hook_check(py::object check) { g_in_pack_hook = check.release().ptr(); }
+
+int64_t record_host_peak() {
+  std::lock_guard<std::mutex> lock(g_host_mu);
+  return g_host_peak;
 }
 
 // ---------------------------------------------------------------- reading the log (tpusim/backend/recorder.py)
@@ -712,6 +822,12 @@ void record_start() {
     costs = clear_log();
     g_recording = true;
   }
+  {
+    std::lock_guard<std::mutex> lock(g_host_mu);
+    ++g_host_epoch;
+    g_host_live = 0;
+    g_host_peak = 0;
+  }
   release_all(costs);
   release_all(clear_meta_objs());
 }
@@ -797,7 +913,9 @@ py::tuple record_drain(Py_ssize_t seq) {
         record = make_record(g_host_record, {{"seq", PyLong_FromSsize_t(at)}, {"event", new_ref(e.name)},
                                              {"reason", new_ref(e.reason)}, {"bytes", PyLong_FromLongLong(e.a)},
                                              {"seconds", PyFloat_FromDouble(0.0)}, {"source", new_ref(e.source)},
-                                             {"rank", PyLong_FromLong(0)}});
+                                             {"rank", PyLong_FromLong(0)}, {"storage", PyLong_FromLongLong(e.b)},
+                                             {"host", PyLong_FromLongLong(e.c)},
+                                             {"non_blocking", PyBool_FromLong(e.non_blocking ? 1 : 0)}});
     }
     out.append(py::reinterpret_steal<py::object>(record));
   }

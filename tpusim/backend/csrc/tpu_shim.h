@@ -100,7 +100,13 @@ void set_meta_cache(bool on);  // shape-only mode: reuse an op's result shapes p
 // The recording log (record.cpp), drained by tpusim/backend/recorder.py
 extern std::atomic<bool> g_recording;
 void log_memory(bool alloc, int64_t storage, int64_t bytes);
-void log_native(const char* kind, const at::Tensor& a, const at::Tensor* b);
+// a, b: a copy's source and destination; non_blocking as asked; offload: a device->host copy that keeps an
+// activation on the host (is_offload), recorded with its host buffer tracked (host memory held)
+void log_native(const char* kind, const at::Tensor& a, const at::Tensor* b, bool non_blocking = false,
+                bool offload = false);
+// Whether a saved-tensors pack hook (save_on_cpu, saved_tensors_hooks) is running now (asks Python once the
+// thread's hook stack is non-empty; tpusim/backend/offload.py)
+bool in_pack_hook();
 // The user's source line (a str, never freed) and whether torch's tensor printing is on the way; GIL held.
 PyObject* user_source(bool* printing);
 void log_op(PyObject* name, const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from factories import A, B, C
 
+from tpusim.eager.modes import get_mode
 from tpusim.pricing import price
 from tpusim.report import torchtpu
 from tpusim.report.lint import RULES, lint
@@ -28,6 +29,8 @@ from tpusim.trace.records import (
     TraceMeta,
     renumber,
 )
+
+STRICT = get_mode("strict")
 
 CHIP = build_slice("3d:1x1x1", "v5p").chip
 ROOT = Path(__file__).resolve().parent.parent
@@ -167,17 +170,17 @@ def loop_with_batches(rows: list[int]) -> Trace:
 
 def test_a_short_last_batch_is_named_and_a_varying_batch_is_not() -> None:
     short_last = loop_with_batches([64, 64, 64, 37])
-    timeline = price(short_last, topology=build_slice("3d:1x1x1", "v5p"), mode="strict")
+    timeline = price(short_last, topology=build_slice("3d:1x1x1", "v5p"), mode=get_mode("strict"))
     assert timeline.meta["compile_cache"].recompiles       # the compile cache's own finding, not built here
     (found,) = codes(short_last, "recompile", timeline)
     assert found.source == "train.py:9"
     assert "in the last step only: a short last batch (64 -> 37 rows)" in found.message
     assert "drop_last=True" in found.message
     varying = loop_with_batches([64, 37, 64, 64])           # the short batch mid-loop: shapes vary, not a last batch
-    (other,) = codes(varying, "recompile", price(varying, topology=build_slice("3d:1x1x1", "v5p"), mode="strict"))
+    (other,) = codes(varying, "recompile", price(varying, topology=build_slice("3d:1x1x1", "v5p"), mode=STRICT))
     assert "last batch" not in other.message and "pad or bucket" in other.message
     steady = loop_with_batches([64, 64, 64, 64])
-    assert codes(steady, "recompile", price(steady, topology=build_slice("3d:1x1x1", "v5p"), mode="strict")) == []
+    assert codes(steady, "recompile", price(steady, topology=build_slice("3d:1x1x1", "v5p"), mode=STRICT)) == []
 
 
 def test_a_recompile_of_a_shorter_last_batch_needs_the_same_rest_of_the_shape() -> None:

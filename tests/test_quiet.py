@@ -11,6 +11,7 @@ import pytest
 from factories import training_trace
 
 from tpusim.cli.main import main
+from tpusim.eager.modes import get_mode
 from tpusim.placement.distributed import NO_VALUES, distributed_info
 from tpusim.pricing import price
 from tpusim.report import RunInfo, build_report, summary_table, write_report
@@ -52,7 +53,7 @@ def test_numerics_off_says_nothing_about_values_it_never_computed() -> None:
 def _report(tmp_path: Path, error: str | None = None):
     trace = training_trace(3)
     s = build_slice("3d:1x1x1", "v5p")
-    timelines = {"strict": price(trace, topology=s, mode="strict")}
+    timelines = {"strict": price(trace, topology=s, mode=get_mode("strict"))}
     info = RunInfo("model.py", error_type=error, error_traceback=error and f"{error}: boom",
                    exit_code=1 if error else 0)
     report = build_report(info, trace, s, timelines, lint(trace, s.chip, timelines["strict"]))

@@ -75,10 +75,10 @@ def prepare_folder(folder: str | Path, flag: str = "--out") -> Path:
     """Create ``folder`` (and its parents) and check a file can be written there; any problem is one
     TpusimError naming the flag, the folder and the reason."""
     out = Path(folder)
-    if out.is_symlink() and not out.exists():     # mkdir said "File exists" (issue 44, O06)
-        raise TpusimError(f"{flag} {str(out)!r} is a broken symlink (to {os.readlink(out)!r}); give a folder, or "
-                          f"create the folder it points to")
     try:
+        if out.is_symlink() and not out.exists():     # mkdir said "File exists" (issue 44, O06)
+            raise TpusimError(f"{flag} {str(out)!r} is a broken symlink (to {os.readlink(out)!r}); give a folder, "
+                              f"or create the folder it points to")
         if out.exists() and not out.is_dir():
             raise TpusimError(f"{flag} {str(out)!r} exists and is not a folder; give a folder for the report")
         out.mkdir(parents=True, exist_ok=True)  # a name too long for the file system fails here or above

@@ -6,6 +6,7 @@ This module only parses flags into ``RunOptions``; what a run does lives in ``tp
 from __future__ import annotations
 
 import argparse
+import threading
 from typing import TYPE_CHECKING
 
 from tpusim import envvars
@@ -133,5 +134,7 @@ def _tokens_per_step(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from tpusim.run.options import RunOptions
     from tpusim.run.pipeline import run_pipeline
+    from tpusim.script import wait_for_script_threads
 
-    return run_pipeline(RunOptions.from_args(args)).exit_code
+    before = set(threading.enumerate())
+    return wait_for_script_threads(before, run_pipeline(RunOptions.from_args(args)).exit_code)

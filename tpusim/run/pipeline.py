@@ -498,7 +498,7 @@ def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version
     def estimate() -> None:                   # XLA compiles in a process of its own: a signal stops it too
         nonlocal xla
         doing[0] = "asking the TPU compiler"
-        xla = ask_compiler(trace, slice_.chip, options.compiler, progress.say)
+        xla = ask_compiler(trace, slice_.chip, options.compiler, progress)   # it counts XLA's compiles
 
     xla_done = interrupts.stoppable(estimate)
     # XLA's kernels price its programs, and each eager op (Strict, Debug) or eager cluster (Fused) it compiled

@@ -34,11 +34,11 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setattr(compiler, "missing", lambda: None)
     compiles = []
 
-    def worker(request, target, timeout_s):
-        compiles.append(request)
+    def worker(self, text, target, timeout_s):
+        compiles.append(text)
         return RESULT, 0.5
 
-    monkeypatch.setattr(compiler, "_run_worker", worker)
+    monkeypatch.setattr(compiler._Worker, "compile", worker)
     return compiles
 
 

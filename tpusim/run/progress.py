@@ -58,6 +58,7 @@ class Progress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stdout: TextIO | None = None
+        self._counting: str | None = None      # the phase ``count`` opened the bar for
 
     def say(self, text: str) -> None:
         """One status line ("tpusim: ..."), printed above the bar when one is drawn."""
@@ -68,13 +69,18 @@ class Progress:
         else:
             print(f"tpusim: {text}", file=self.stream, flush=True)
 
-    def _open(self, phase: str, unit: str, total: int | None) -> tqdm | None:
+    def __call__(self, text: str) -> None:
+        """``say``: layers below the run (the TPU compiler's) take a Progress as a plain ``Callable[[str], None]``,
+        and find ``count`` on it."""
+        self.say(text)
+
+    def _open(self, phase: str, unit: str, total: int | None, bar_format: str | None = None) -> tqdm | None:
         if self.quiet or not self.tty:
             return None
         # the size from shutil, which falls back to 100x20 where a terminal reports 0x0 (tqdm then draws nothing)
         columns, rows = shutil.get_terminal_size((100, 20))
         self._bar = tqdm(total=total, desc=f"tpusim: {phase}", unit=f" {unit}", file=self.stream,
-                         ncols=columns, nrows=rows, leave=False, mininterval=REFRESH_S)
+                         ncols=columns, nrows=rows, leave=False, mininterval=REFRESH_S, bar_format=bar_format)
         return self._bar
 
     def track(self, phase: str, count: Callable[[], int], unit: str = "records") -> None:
@@ -98,6 +104,20 @@ class Progress:
         """Show ``phase`` as ``total`` steps, advanced by ``advance``."""
         self._open(phase, unit, total)
 
+    def count(self, phase: str, done: int, total: int, unit: str) -> None:
+        """``phase``: ``done`` of ``total`` ``unit`` so far, as one line drawn over itself on a terminal
+        ("tpusim: XLA: compiling 3 of 40 programs... [00:02<00:20]"): opened at 0, closed at ``total``. Off a
+        terminal it draws nothing (the caller's status lines say when it starts and ends)."""
+        if self._bar is None and done < total:
+            self._counting = phase
+            self._open(phase, unit, total, bar_format=f"{{desc}} {{n}} of {{total}} {unit}... "
+                                                      "[{elapsed}<{remaining}]")
+        if self._bar is not None and self._counting == phase:       # never another phase's bar
+            self._bar.n = done
+            self._bar.refresh()
+            if done >= total:
+                self.stop()
+
     def advance(self, n: int = 1) -> None:
         if self._bar is not None:
             self._bar.update(n)
@@ -115,3 +135,4 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        self._counting = None

@@ -1,9 +1,12 @@
 """StableHLO through the real TPU compiler, deviceless: XLA's program, cached on disk, or one line why not.
 
-Each compile runs ``python -m tpusim.xla.worker`` in a fresh process with the environment below: libtpu
+Compiles run in worker processes (``python -m tpusim.xla.worker --serve``) with the environment below: libtpu
 then never asks a cloud metadata server for its TPU (there is none), prints nothing, and a module it
-rejects (libtpu aborts the process on some) costs that process only. The chip file's ``xla_flags`` (what
-published TPU runs pass libtpu: XLA's async collective fusion) are its LIBTPU_INIT_ARGS. Results are
+rejects (libtpu aborts the process on some) costs that process and that module only. The chip file's
+``xla_flags`` (what published TPU runs pass libtpu: XLA's async collective fusion) are its LIBTPU_INIT_ARGS.
+``compile_all`` compiles a run's distinct uncached programs on a bounded pool of such workers, one per core
+by default: each worker starts jax and libtpu once (about 2 s) and then compiles program after program, and a
+worker that dies is replaced for the programs after the one that killed it. Results are
 cached by (module text, target, flags, jax and libtpu versions) under ~/.cache/tpusim/xla, shared by every
 run and process: a program compiles once per machine. An entry carries its payload's sha256, and one that
 does not match it (edited), is not of the shape written, or is not a regular file (a FIFO would block a read)
@@ -13,6 +16,7 @@ with the reason in words; callers fall back to tpusim's own model for that progr
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import importlib.metadata
@@ -20,14 +24,18 @@ import importlib.util
 import json
 import math
 import os
+import queue
+import select
 import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from tpusim.hardware.spec import ChipSpec
 from tpusim.output import cache_dir as _cache_root
@@ -36,6 +44,8 @@ from tpusim.output import write_atomic
 EXTRA_HINT = 'pip install -e ".[xla]"'
 TIMEOUT_S = 600.0                     # one compile; a GPT-3 175B block for 512 devices takes ~3 min here
 WORKER = "tpusim.xla.worker"
+# one worker process: it answers one JSON line per JSON line it reads (tests swap in a fake worker here)
+WORKER_COMMAND: list[str] = [sys.executable, "-m", WORKER, "--serve"]
 # libtpu on a machine with no TPU (measured with jax 0.10.2, libtpu 0.0.52: with these, a compile prints
 # nothing and opens no connection; the accelerator type only quiets a warning, the program is the same for
 # any valid value)
@@ -98,7 +108,9 @@ def missing() -> str | None:
     return None
 
 
+@functools.cache
 def versions() -> str:
+    """The versions in every cache key (read once per process: reading package metadata costs ~2 ms a call)."""
     return ", ".join(f"{name} {importlib.metadata.version(name)}" for name in ("jax", "jaxlib", "libtpu"))
 
 
@@ -169,11 +181,11 @@ def _entry(found: object) -> Compiled | None:
     return Compiled(hlo, memory, cost, float(seconds), cached=True)
 
 
-def _cached(text: str, target: XlaTarget) -> Compiled | None:
-    """The cache's entry for this module and target, or None when there is none to believe: missing, not a
+def _cached_at(entry: Path) -> Compiled | None:
+    """The cache's entry at ``entry``, or None when there is none to believe: missing, not a
     regular file, cut short, of another shape, or not matching its checksum (an edited entry: its numbers are
     never priced). None compiles the module again, and its new entry replaces the bad one."""
-    data = _read_regular(_cache_file(text, target))
+    data = _read_regular(entry)
     digest, _, payload = (data or b"").partition(b"\n")
     if not payload or hashlib.sha256(payload).hexdigest().encode() != digest:
         return None
@@ -200,52 +212,216 @@ def _keep(text: str, target: XlaTarget, result: dict, seconds: float) -> Compile
 
 def compile_stablehlo(text: str, target: XlaTarget, *, timeout_s: float = TIMEOUT_S) -> Compiled:
     """XLA's program for the StableHLO module ``text`` on ``target``: from the cache, else compiled now."""
-    why = missing()
-    if why:
-        raise XlaUnavailable(why)
-    found = _cached(text, target)
-    if found is not None:
-        return found
-    result, seconds = _run_worker({"text": text}, target, timeout_s)
-    return _keep(text, target, result, seconds)
+    result = compile_all([(text, target)], timeout_s=timeout_s)[0]
+    if isinstance(result, XlaUnavailable):
+        raise result
+    return result
 
 
 def compile_many(texts: list[str], target: XlaTarget, *,
                  timeout_s: float = TIMEOUT_S) -> list[Compiled | XlaUnavailable]:
-    """``compile_stablehlo`` of many small modules (eager ops' one-op programs): the uncached ones in one worker
-    process (one libtpu start); per module, its program or why not."""
+    """``compile_stablehlo`` of many modules for one target (``compile_all``): per module, its program or why not."""
+    return compile_all([(text, target) for text in texts], timeout_s=timeout_s)
+
+
+WORKER_MEMORY_BYTES = 2 << 30         # a worker's share of memory: ~0.5 GB measured on small programs, more on big
+
+
+def default_workers() -> int:
+    """Worker processes compiling at once: the cores this process may run on, no more than memory holds."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:                              # no sched_getaffinity (macOS)
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, _available_memory() // WORKER_MEMORY_BYTES))
+
+
+def _available_memory() -> int:
+    """The memory free for new processes (Linux's MemAvailable), or no limit where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return sys.maxsize
+
+
+def compile_all(jobs: Sequence[tuple[str, XlaTarget]], *, workers: int | None = None,
+                timeout_s: float = TIMEOUT_S,
+                progress: Callable[[int, int], None] | None = None) -> list[Compiled | XlaUnavailable]:
+    """XLA's program for each (module, target), or why not: each distinct module compiled once (the cache first;
+    the rest on ``workers`` worker processes at once, ``default_workers()`` when None). ``progress(done, total)``
+    hears (0, total) before the first compile and each one's end after, ``total`` counting the uncached only."""
     why = missing()
     if why:
-        return [XlaUnavailable(why)] * len(texts)
-    results: list[Compiled | XlaUnavailable | None] = [_cached(text, target) for text in texts]
-    todo = [i for i, found in enumerate(results) if found is None]
+        return [XlaUnavailable(why)] * len(jobs)
+    keys = [_cache_file(text, target) for text, target in jobs]
+    results: dict[Path, Compiled | XlaUnavailable] = {}
+    todo: dict[Path, tuple[str, XlaTarget]] = {}
+    for key, job in zip(keys, jobs):
+        if key not in results and key not in todo:
+            found = _cached_at(key)
+            if found is not None:
+                results[key] = found
+            else:
+                todo[key] = job
     if todo:
-        try:
-            answer, seconds = _run_worker({"texts": [texts[i] for i in todo]}, target, timeout_s)
-            for i, result in zip(todo, answer["results"]):
-                results[i] = (XlaUnavailable(f"the TPU compiler refused the program: {result['error']}")
-                              if "error" in result else _keep(texts[i], target, result, seconds / len(todo)))
-        except XlaUnavailable as failed:               # the worker died (libtpu aborted on one of them)
-            for i in todo:
-                results[i] = failed
-    return [r if r is not None else XlaUnavailable("not compiled") for r in results]
+        results.update(_compile_on_pool(todo, workers or default_workers(), timeout_s, progress))
+    return [results[key] for key in keys]
 
 
-def _run_worker(request: dict, target: XlaTarget, timeout_s: float) -> tuple[dict, float]:
-    with tempfile.TemporaryDirectory(prefix="tpusim-xla-") as folder:
-        request_file, result = Path(folder) / "request.json", Path(folder) / "result.json"
-        request_file.write_text(json.dumps({**request, "topology": target.topology, "partitions": target.partitions}))
+def _compile_on_pool(todo: dict[Path, tuple[str, XlaTarget]], workers: int, timeout_s: float,
+                     progress: Callable[[int, int], None] | None) -> dict[Path, Compiled | XlaUnavailable]:
+    """Compile every module of ``todo`` on up to ``workers`` worker processes, the largest first (the pool then
+    ends close together); the main thread only waits and reports progress, so Ctrl-C stops it, and every worker
+    is ended on the way out."""
+    order = sorted(todo, key=lambda key: (todo[key][1].flags, -len(todo[key][0])))
+    waiting: queue.SimpleQueue[Path] = queue.SimpleQueue()
+    for key in order:
+        waiting.put(key)
+    finished: queue.SimpleQueue[Path] = queue.SimpleQueue()
+    results: dict[Path, Compiled | XlaUnavailable] = {}
+    pool = [_Worker() for _ in range(min(workers, len(order)))]
+
+    def drain(worker: _Worker) -> None:
+        while True:
+            try:
+                key = waiting.get_nowait()
+            except queue.Empty:
+                return
+            text, target = todo[key]
+            try:
+                result, seconds = worker.compile(text, target, timeout_s)
+                results[key] = (XlaUnavailable(f"the TPU compiler refused the program: {result['error']}")
+                                if "error" in result else _keep(text, target, result, seconds))
+            except XlaUnavailable as why:
+                results[key] = why
+            except Exception as error:  # noqa: BLE001 - a bug here must not hang the run: this program falls back
+                results[key] = XlaUnavailable(f"the TPU compiler's worker failed ({type(error).__name__}: {error})"
+                                              [:300])
+            finished.put(key)
+
+    threads = [threading.Thread(target=drain, args=(worker,), daemon=True) for worker in pool]
+    try:
+        if progress:
+            progress(0, len(order))
+        for thread in threads:
+            thread.start()
+        for done in range(1, len(order) + 1):
+            finished.get()
+            if progress:
+                progress(done, len(order))
+    finally:
+        for worker in pool:                              # done, or stopped: a worker still compiling is killed
+            worker.stop()
+        for thread in threads:
+            thread.join(timeout=5)
+        for worker in pool:
+            worker.release()
+    return results
+
+
+class _Worker:
+    """One worker process that compiles module after module (``tpusim.xla.worker --serve``), for one set of libtpu
+    flags (they are read when libtpu starts): started at its first module, started again after it died (a module
+    libtpu aborted on, or one that ran past its time), or when a module with other flags comes."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen | None = None
+        self._errors: IO[bytes] | None = None      # the process's stderr: its last line says why it died
+        self._flags = ""
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _start(self, flags: str) -> subprocess.Popen:
+        self._end()
+        self._errors = tempfile.TemporaryFile(prefix="tpusim-xla-")
+        with self._lock:
+            if self._closed:
+                raise XlaUnavailable("stopped before the TPU compiler ran")
+            self._process = subprocess.Popen(WORKER_COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             stderr=self._errors,
+                                             env={**os.environ, **QUIET_ENV, "LIBTPU_INIT_ARGS": flags})
+        self._flags = flags
+        return self._process
+
+    def compile(self, text: str, target: XlaTarget, timeout_s: float) -> tuple[dict, float]:
+        """The worker's answer for ``text`` (XLA's program, or {"error": why} for a module XLA refused) and the
+        seconds it took; ``XlaUnavailable`` when the worker died on it or ran past ``timeout_s``."""
+        process = self._process
+        if process is None or process.poll() is not None or self._flags != target.flags:
+            process = self._start(target.flags)
+        request = json.dumps({"text": text, "topology": target.topology, "partitions": target.partitions})
         began = time.perf_counter()
         try:
-            done = subprocess.run([sys.executable, "-m", WORKER, str(request_file), str(result)],
-                                  env={**os.environ, **QUIET_ENV, "LIBTPU_INIT_ARGS": target.flags},
-                                  capture_output=True, text=True,
-                                  timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+            process.stdin.write(request.encode() + b"\n")
+            process.stdin.flush()
+            line = _read_line(process.stdout.fileno(), began + timeout_s)
+        except BrokenPipeError:
+            line = b""
+        except TimeoutError:
+            self._end()
             raise XlaUnavailable(f"the TPU compiler ran past {timeout_s:g} s") from None
-        seconds = time.perf_counter() - began
-        if done.returncode != 0 or not result.is_file():
-            lines = [line for line in done.stderr.splitlines() if line.strip()]
-            raise XlaUnavailable(f"the TPU compiler refused the program (exit {done.returncode}): "
-                                 f"{lines[-1][:300] if lines else 'no message'}")
-        return json.loads(result.read_text()), seconds
+        if not line:
+            raise XlaUnavailable(self._died())
+        return json.loads(line), time.perf_counter() - began
+
+    def _died(self) -> str:
+        """Why the worker ended without an answer, in the words of its last line on stderr."""
+        process = self._process
+        try:
+            code = process.wait(timeout=10) if process is not None else None
+        except subprocess.TimeoutExpired:
+            code = None
+        errors = ""
+        if self._errors is not None:
+            self._errors.seek(0)
+            errors = self._errors.read().decode(errors="replace")
+        self._end()
+        lines = [line for line in errors.splitlines() if line.strip()]
+        return f"the TPU compiler refused the program (exit {code}): {lines[-1][:300] if lines else 'no message'}"
+
+    def _end(self) -> None:
+        with self._lock:
+            process, self._process = self._process, None
+        if process is not None:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+            for pipe in (process.stdin, process.stdout):
+                try:
+                    pipe.close()
+                except OSError:                          # the pipe broke when the worker died
+                    pass
+        if self._errors is not None:
+            self._errors.close()
+            self._errors = None
+
+    def stop(self) -> None:
+        """Kill the worker process, for good (it may be compiling: the run is stopping); the thread that owns it
+        then reads the end of its output and ends."""
+        with self._lock:
+            self._closed = True
+            if self._process is not None and self._process.poll() is None:
+                self._process.kill()
+
+    def release(self) -> None:
+        """The stopped worker's pipes and files closed (after its thread ended)."""
+        self._end()
+
+
+def _read_line(fd: int, deadline: float) -> bytes:
+    """One line from ``fd`` (b"" at end of file), or ``TimeoutError`` past ``deadline`` (perf_counter time)."""
+    chunks: list[bytes] = []
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise TimeoutError
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b""
+        chunks.append(chunk)
+        if chunk.endswith(b"\n"):
+            return b"".join(chunks)

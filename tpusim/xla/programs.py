@@ -1,6 +1,7 @@
 """A trace's programs through the TPU compiler: what XLA built for each, or why the model prices it.
 
-Three kinds of program, each compiled once per distinct text (cached on disk, ``tpusim.xla.compiler``):
+Three kinds of program, each compiled once per distinct text (cached on disk, ``tpusim.xla.compiler``), all of
+a run's together (``compile_all``: the uncached ones on a pool of worker processes, one per core):
 
 - **torch.compile graphs** (``TraceMeta.xla_modules``), for one device of the run's chip; a graph with
   collectives first whole, over its group's devices, and segment by segment only where that fails;
@@ -14,19 +15,22 @@ beside tpusim's in the report (``tpusim.report.xla``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tpusim.eager.fusion import ClusterCall, CompiledProgram, FusedKernel, fuse
 from tpusim.hardware.spec import ChipSpec
-from tpusim.trace.records import Trace, rank_records
+from tpusim.trace.records import Trace, XlaModule, rank_records
 from tpusim.xla.clusters import compose
 from tpusim.xla.compiler import (
     Compiled,
     XlaTarget,
     XlaUnavailable,
+    compile_all,
     compile_many,
-    compile_stablehlo,
+    default_workers,
     missing,
     target_for,
 )
@@ -105,15 +109,104 @@ def use_compiler(choice: str) -> bool:
     return choice == "xla" or missing() is None
 
 
-def estimate_programs(trace: Trace, chip: ChipSpec,
-                      progress: Callable[[str], None] | None = None) -> XlaEstimates:
-    """Compile each of the trace's graphs for ``chip`` (cached) and read what XLA built. A graph with
-    collectives is compiled whole over its group first; its segments only where that fails."""
+class Counter(Protocol):
+    """A progress that can count (``tpusim.run.progress.Progress``): "XLA: compiling 3 of 40 programs..."."""
+
+    def __call__(self, text: str) -> None: ...
+
+    def count(self, phase: str, done: int, total: int, unit: str) -> None: ...
+
+
+def compile_progress(progress: Callable[[str], None] | None,
+                     workers: int | None = None) -> Callable[[int, int], None] | None:
+    """``compile_all``'s progress for a run's ``progress``: a status line as the compiles start, then the count
+    of programs compiled, where ``progress`` can count (``Counter``)."""
+    if progress is None:
+        return None
+    count = getattr(progress, "count", None)
+    began = [0.0]
+
+    def report(done: int, total: int) -> None:
+        if done == 0:
+            began[0] = time.perf_counter()
+            progress(f"XLA: compiling {total} program{'s' if total != 1 else ''} on "
+                     f"{min(total, workers or default_workers())} worker process(es); each is cached for the next "
+                     f"run")
+        if count is not None:
+            count("XLA: compiling", done, total, "programs")
+        if done == total and done:
+            progress(f"XLA: compiled {total} program{'s' if total != 1 else ''} in "
+                     f"{time.perf_counter() - began[0]:.1f} s")
+    return report
+
+
+@dataclass
+class _Jobs:
+    """The programs of one ``compile_all``: each job's (module text, target), and what each came to."""
+
+    jobs: list[tuple[str, XlaTarget]] = field(default_factory=list)
+    results: list[Compiled | XlaUnavailable] = field(default_factory=list)
+
+    def add(self, text: str, target: XlaTarget) -> int:
+        self.jobs.append((text, target))
+        return len(self.jobs) - 1
+
+    def run(self, progress: Callable[[int, int], None] | None, workers: int | None) -> None:
+        self.results = compile_all(self.jobs, workers=workers, progress=progress)
+
+
+def estimate_programs(trace: Trace, chip: ChipSpec, progress: Callable[[str], None] | None = None, *,
+                      workers: int | None = None) -> XlaEstimates:
+    """Compile each of the trace's graphs, eager ops and Fused clusters for ``chip`` (cached; the uncached on
+    ``workers`` processes at once, all in one pool) and read what XLA built. A graph with collectives is
+    compiled whole over its group first; its segments only where that fails (then in a second pool)."""
     modules = sorted(trace.meta.xla_modules or (), key=lambda m: m.devices == 1)     # whole graphs first
+    report = compile_progress(progress, workers)
+    first = _Jobs()
+    graphs = _graph_jobs(modules, chip, first)
+    later = [i for i, m in enumerate(modules) if not m.error and i not in graphs and m.devices == 1]
+    ops = _op_jobs(trace, chip, first)
+    clusters = _cluster_jobs(trace, chip, first)
+    first.run(report, workers)
+    found: dict[int, Compiled | XlaUnavailable] = {i: first.results[job] for i, job in graphs.items()}
+    compiled, fell_back, covered = _graph_estimates(modules, chip, found)
+    second = _Jobs()                              # segments of whole graphs that failed
+    pending = [i for i in later if not set(modules[i].programs) <= covered]
+    retry = {pending[j]: job for j, job in
+             _graph_jobs([modules[i] for i in pending], chip, second, whole_first=False).items()}
+    if retry:
+        second.run(report, workers)
+        found.update({i: second.results[job] for i, job in retry.items()})
+        compiled, fell_back, _ = _graph_estimates(modules, chip, found)
+    return XlaEstimates(tuple(compiled), tuple(fell_back), *ops.estimates(first), *clusters.estimates(first))
+
+
+def _graph_jobs(modules: list[XlaModule], chip: ChipSpec, jobs: _Jobs, whole_first: bool = True) -> dict[int, int]:
+    """The graphs to compile (module index -> job). With ``whole_first``, a segment that a whole graph stands for
+    (its runs and the segments after each) is left out: it is compiled only where the whole graph fails."""
+    whole: set[int] = set()
+    for module in modules:
+        if whole_first and module.devices > 1 and not module.error:
+            whole.update(n + i for n in module.programs for i in range(module.segments))
+    now: dict[int, int] = {}
+    for i, module in enumerate(modules):
+        if module.error or (module.devices == 1 and set(module.programs) <= whole):
+            continue
+        try:
+            now[i] = jobs.add(module.stablehlo, target_for(chip, module.devices))
+        except XlaUnavailable:
+            continue                                 # _graph_estimates says why
+    return now
+
+
+def _graph_estimates(modules: list[XlaModule], chip: ChipSpec, found: dict[int, Compiled | XlaUnavailable]
+                     ) -> tuple[list[ProgramEstimate], list[str], set[int]]:
+    """What XLA built for each graph (whole graphs first: a segment stands only for the runs no whole graph
+    covers), what fell back and why, and the program executions the compiled graphs cover."""
     compiled: list[ProgramEstimate] = []
     fell_back: list[str] = []
     covered: set[int] = set()
-    for module in modules:
+    for i, module in enumerate(modules):
         runs = tuple(n for n in module.programs if n not in covered)
         if not runs:
             continue                         # its graph was compiled whole: nothing left for this segment
@@ -121,10 +214,9 @@ def estimate_programs(trace: Trace, chip: ChipSpec,
             if module.error:
                 raise XlaUnavailable(module.error)
             target = target_for(chip, module.devices)
-            if progress:
-                progress(f"TPU compiler: {module.label}" + (f" ({module.devices} devices)" if module.devices > 1
-                                                            else ""))
-            result = compile_stablehlo(module.stablehlo, target)
+            result = found.get(i, XlaUnavailable("not compiled"))
+            if isinstance(result, XlaUnavailable):
+                raise result
             program = read_program(result.hlo)
             estimate = ProgramEstimate(module.label, runs, len(program.fusions),
                                        program.estimated_cycles / target.clock_hz,
@@ -135,46 +227,112 @@ def estimate_programs(trace: Trace, chip: ChipSpec,
         except XlaUnavailable as why:
             fell_back.append(f"{module.label}: {why}" + (" (its segments are compiled one by one)"
                                                          if module.devices > 1 else ""))
-    ops, ops_fell_back = estimate_ops(trace, chip, progress)
-    clusters, left = estimate_clusters(trace, chip, progress)
-    return XlaEstimates(tuple(compiled), tuple(fell_back), ops, ops_fell_back, clusters, left)
+    return compiled, fell_back, covered
 
 
-def estimate_clusters(trace: Trace, chip: ChipSpec, progress: Callable[[str], None] | None = None
-                      ) -> tuple[dict[ClusterCall, OpEstimate], int]:
-    """Compile each distinct Fused eager cluster, composed from its ops' programs (``tpusim.xla.clusters``), all in
-    one worker process; the compiled ones, and how many were left to the model."""
+@dataclass
+class _OpJobs:
+    """The eager ops' one-op programs of a ``_Jobs``: signature -> job, and those the model prices and why."""
+
+    jobs: dict[str, int] = field(default_factory=dict)
+    fell_back: dict[str, str] = field(default_factory=dict)
+    target: XlaTarget | None = None
+
+    def estimates(self, done: _Jobs) -> tuple[dict[str, OpEstimate], dict[str, str]]:
+        """Per signature, what XLA built, or why the model prices it."""
+        ops: dict[str, OpEstimate] = {}
+        fell_back = dict(self.fell_back)
+        for label, job in self.jobs.items():
+            result = _small_estimate(done.results[job], self.target)
+            if isinstance(result, XlaUnavailable):
+                fell_back[label] = str(result)
+            else:
+                ops[label] = result
+        return ops, fell_back
+
+
+def _op_jobs(trace: Trace, chip: ChipSpec, jobs: _Jobs) -> _OpJobs:
+    """Each distinct eager op's one-op program (``TraceMeta.xla_ops``) for one device of ``chip``."""
+    modules = trace.meta.xla_ops or ()
+    out = _OpJobs(fell_back={m.label: m.error for m in modules if m.error})
+    lowered = [m for m in modules if not m.error]
+    if not lowered:
+        return out
+    try:
+        out.target = target_for(chip)
+    except XlaUnavailable as why:
+        out.fell_back.update({m.label: str(why) for m in lowered})
+        return out
+    out.jobs = {m.label: jobs.add(m.stablehlo, out.target) for m in lowered}
+    return out
+
+
+@dataclass
+class _ClusterJobs:
+    """The Fused eager clusters of a ``_Jobs``: the composed ones -> job, and how many distinct clusters there are."""
+
+    jobs: dict[ClusterCall, int] = field(default_factory=dict)
+    distinct: int = 0
+    target: XlaTarget | None = None
+
+    def estimates(self, done: _Jobs) -> tuple[dict[ClusterCall, OpEstimate], int]:
+        """The compiled clusters, and how many were left to the model."""
+        built = {call: _small_estimate(done.results[job], self.target) for call, job in self.jobs.items()}
+        clusters = {call: result for call, result in built.items() if isinstance(result, OpEstimate)}
+        return clusters, self.distinct - len(clusters)
+
+
+def _cluster_jobs(trace: Trace, chip: ChipSpec, jobs: _Jobs) -> _ClusterJobs:
+    """Each distinct Fused eager cluster's program, composed from its ops' programs (``tpusim.xla.clusters``)."""
     modules = {m.label: m.stablehlo for m in trace.meta.xla_ops or () if m.stablehlo}
     if not modules:
-        return {}, 0
+        return _ClusterJobs()
     try:
         target = target_for(chip)
     except XlaUnavailable:
-        return {}, 0
+        return _ClusterJobs()
     found: list[tuple[int, int, ClusterCall]] = []       # the clusters of the first rank, as Fused forms them
     fuse(next(iter(rank_records(trace).values()), ()), chip, eager=True, clusters_out=found)
     calls = list(dict.fromkeys(call for _, _, call in found))
     texts = {call: compose(call, modules) for call in calls}
-    ready = [call for call in calls if texts[call]]
-    if progress and ready:
-        progress(f"TPU compiler: {len(ready)} Fused eager clusters")
-    built = zip(ready, _compile_small([texts[c] for c in ready], target))
-    clusters = {call: result for call, result in built if isinstance(result, OpEstimate)}
-    return clusters, len(calls) - len(clusters)
+    return _ClusterJobs({call: jobs.add(text, target) for call, text in texts.items() if text}, len(calls), target)
+
+
+def estimate_clusters(trace: Trace, chip: ChipSpec, progress: Callable[[str], None] | None = None
+                      ) -> tuple[dict[ClusterCall, OpEstimate], int]:
+    """Compile each distinct Fused eager cluster, composed from its ops' programs (``tpusim.xla.clusters``); the
+    compiled ones, and how many were left to the model."""
+    jobs = _Jobs()
+    clusters = _cluster_jobs(trace, chip, jobs)
+    jobs.run(compile_progress(progress), None)
+    return clusters.estimates(jobs)
+
+
+def estimate_ops(trace: Trace, chip: ChipSpec, progress: Callable[[str], None] | None = None
+                 ) -> tuple[dict[str, OpEstimate], dict[str, str]]:
+    """Compile each distinct eager op's one-op program (``TraceMeta.xla_ops``) for one device of ``chip``; per
+    signature, what XLA built or why the model prices it."""
+    jobs = _Jobs()
+    ops = _op_jobs(trace, chip, jobs)
+    jobs.run(compile_progress(progress), None)
+    return ops.estimates(jobs)
+
+
+def _small_estimate(result: Compiled | XlaUnavailable, target: XlaTarget | None) -> OpEstimate | XlaUnavailable:
+    """A small program (an eager op, a Fused cluster) as XLA built it, or why not."""
+    if isinstance(result, XlaUnavailable):
+        return result
+    try:
+        program = read_program(result.hlo)
+    except XlaUnavailable as why:
+        return why
+    clock = target.clock_hz if target is not None else 1.0
+    return OpEstimate(program.estimated_cycles / clock, program_records(program))
 
 
 def _compile_small(texts: list[str], target: XlaTarget) -> list[OpEstimate | XlaUnavailable]:
-    """Many small programs (eager ops, Fused clusters) in one worker process: what XLA built, or why not."""
-    def estimate(result: Compiled | XlaUnavailable) -> OpEstimate | XlaUnavailable:
-        if isinstance(result, XlaUnavailable):
-            return result
-        try:
-            program = read_program(result.hlo)
-        except XlaUnavailable as why:
-            return why
-        return OpEstimate(program.estimated_cycles / target.clock_hz, program_records(program))
-
-    return [estimate(result) for result in compile_many(texts, target)]
+    """Many small programs (eager ops, Fused clusters) for one target: what XLA built, or why not."""
+    return [_small_estimate(result, target) for result in compile_many(texts, target)]
 
 
 def read_program(hlo: str) -> XlaProgram:
@@ -184,27 +342,3 @@ def read_program(hlo: str) -> XlaProgram:
         return parse_program(hlo)
     except (ValueError, LookupError, TypeError, AttributeError) as error:
         raise XlaUnavailable(f"XLA's program could not be read ({type(error).__name__}: {error})"[:300]) from None
-
-
-def estimate_ops(trace: Trace, chip: ChipSpec, progress: Callable[[str], None] | None = None
-                 ) -> tuple[dict[str, OpEstimate], dict[str, str]]:
-    """Compile each distinct eager op's one-op program (``TraceMeta.xla_ops``) for one device of ``chip``, all in
-    one worker process; per signature, what XLA built or why the model prices it."""
-    modules = trace.meta.xla_ops or ()
-    fell_back = {m.label: m.error for m in modules if m.error}
-    lowered = [m for m in modules if not m.error]
-    if not lowered:
-        return {}, fell_back
-    try:
-        target = target_for(chip)
-    except XlaUnavailable as why:
-        return {}, {**fell_back, **{m.label: str(why) for m in lowered}}
-    if progress:
-        progress(f"TPU compiler: {len(lowered)} eager op signatures")
-    ops: dict[str, OpEstimate] = {}
-    for module, result in zip(lowered, _compile_small([m.stablehlo for m in lowered], target)):
-        if isinstance(result, XlaUnavailable):
-            fell_back[module.label] = str(result)
-        else:
-            ops[module.label] = result
-    return ops, fell_back

@@ -1,18 +1,32 @@
-"""``python -m tpusim.xla.worker REQUEST RESULT``: one deviceless compile, in a process of its own.
+"""``python -m tpusim.xla.worker --serve``: deviceless compiles, one after another, in a process of its own.
 
-REQUEST (JSON): {"text": StableHLO module text, "topology": "v5p:2x2x1", "partitions": 1}. RESULT (JSON):
-{"hlo": the optimized HLO text, "memory": the compiled memory stats, "cost": XLA's cost analysis}. With
-"texts" (a list) in place of "text": {"results": [one such result, or {"error": why}, per module]}. The
+Each line read on stdin is a request (JSON): {"text": StableHLO module text, "topology": "v5p:2x2x1",
+"partitions": 1}; each is answered by one line (JSON) on stdout: {"hlo": the optimized HLO text, "memory": the
+compiled memory stats, "cost": XLA's cost analysis}, or {"error": why} for a module the compiler refused. One
+process serves many modules: jax and libtpu start once (about 2 s), not once per module. Anything else written
+to stdout (libtpu's own prints) goes to stderr, so the answers stay one line each. The process ends at the end
+of stdin. ``python -m tpusim.xla.worker REQUEST RESULT`` compiles one request file into a result file. The
 parent (compiler.py) sets the environment that keeps libtpu quiet and offline before this imports jax.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import sys
+from typing import TextIO
 
 MEMORY_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
                  "generated_code_size_in_bytes", "peak_memory_in_bytes")
+
+
+@functools.cache
+def _devices(topology: str) -> list:
+    """The virtual slice's devices (asked of libtpu once per topology and process)."""
+    from jax.experimental import topologies
+
+    return list(topologies.get_topology_desc(topology, "tpu").devices)
 
 
 def compile_module(text: str, topology: str, partitions: int) -> dict:
@@ -21,9 +35,8 @@ def compile_module(text: str, topology: str, partitions: int) -> dict:
     from jax._src import compiler
     from jax._src.interpreters import mlir
     from jax._src.lib import _jax
-    from jax.experimental import topologies
 
-    devices = list(topologies.get_topology_desc(topology, "tpu").devices)[:partitions]
+    devices = _devices(topology)[:partitions]
     options = compiler.get_compile_options(num_replicas=1, num_partitions=partitions,
                                            device_assignment=np.array(devices, dtype=object).reshape(1, partitions))
     with mlir.make_ir_context():
@@ -38,27 +51,32 @@ def compile_module(text: str, topology: str, partitions: int) -> dict:
             "cost": {name: float(value) for name, value in dict(cost).items()}}
 
 
-def compile_each(texts: list[str], topology: str, partitions: int) -> list[dict]:
-    """Each module's result, or {"error": why} for one the compiler refuses (the others still compile)."""
-    results = []
-    for text in texts:
-        try:
-            results.append(compile_module(text, topology, partitions))
-        except Exception as error:  # jax's JaxRuntimeError and friends: this module only
-            results.append({"error": str(error).strip().splitlines()[-1][:300] if str(error).strip() else
-                            type(error).__name__})
-    return results
+def answer(request: dict) -> dict:
+    """The module's result, or {"error": why} when the compiler refuses it (the process serves the next one)."""
+    try:
+        return compile_module(request["text"], request["topology"], int(request["partitions"]))
+    except Exception as error:  # jax's JaxRuntimeError and friends: this module only
+        text = str(error).strip()
+        return {"error": text.splitlines()[-1][:300] if text else type(error).__name__}
+
+
+def serve(requests: TextIO, answers: TextIO) -> None:
+    """Answer each request line with one result line, until the end of ``requests``."""
+    for line in requests:
+        if line.strip():
+            answers.write(json.dumps(answer(json.loads(line))) + "\n")
+            answers.flush()
 
 
 def main(argv: list[str]) -> int:
+    if argv == ["--serve"]:
+        answers = os.fdopen(os.dup(1), "w")   # the answers' own copy of stdout; fd 1 itself now goes to stderr
+        os.dup2(2, 1)
+        serve(sys.stdin, answers)
+        return 0
     request_path, result_path = argv
     with open(request_path) as file:
-        request = json.load(file)
-    topology, partitions = request["topology"], int(request["partitions"])
-    if "texts" in request:                   # many one-op programs: one process, one libtpu start
-        result: dict = {"results": compile_each(request["texts"], topology, partitions)}
-    else:
-        result = compile_module(request["text"], topology, partitions)
+        result = answer(json.load(file))
     with open(result_path, "w") as file:
         json.dump(result, file)
     return 0

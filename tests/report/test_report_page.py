@@ -91,6 +91,21 @@ def test_the_mode_ratio_says_what_it_is_a_ratio_of(report_folder: Path) -> None:
     assert not [label for label in labels if label.rstrip().endswith("x")]
 
 
+# Each figure's rendered box against the page's content box (the body less its padding), in CSS pixels; and
+# the page itself no wider than the window (nothing to scroll sideways for).
+FIGURES_PAST_THE_CONTENT = """() => {
+  const body = document.body.getBoundingClientRect(), style = getComputedStyle(document.body);
+  const left = body.left + parseFloat(style.paddingLeft), right = body.right - parseFloat(style.paddingRight);
+  const out = [...document.images].map(image => [image.alt || image.src.slice(0, 60),
+                                                 image.getBoundingClientRect()])
+    .filter(([, box]) => box.width <= 0 || box.left < left - 0.5 || box.right > right + 0.5)
+    .map(([name, box]) => `${name}: ${box.left}..${box.right} outside ${left}..${right}`);
+  if (document.documentElement.scrollWidth > window.innerWidth)
+    out.push(`page ${document.documentElement.scrollWidth} px wide in a ${window.innerWidth} px window`);
+  return out;
+}"""
+
+
 def _chromium() -> str | None:
     return os.environ.get("TPUSIM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -120,6 +135,8 @@ def test_report_html_in_a_headless_browser(report_folder: Path) -> None:
             drawn = page.evaluate("[...document.images].map(i => i.complete && i.naturalWidth > 0)")
             assert figures.count() >= 4 and all(drawn)
             assert all(figures.nth(i).is_visible() for i in range(figures.count()))
+            overflow = page.evaluate(FIGURES_PAST_THE_CONTENT)      # issue 45 item 7: by pixel bounds
+            assert overflow == [], overflow
             ARTEFACTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(ARTEFACTS / "report_html.png"), full_page=True)
         finally:

@@ -159,7 +159,7 @@ def write_run(folder: Path, script: str = "model.py") -> Path:
     (b"[]", "not a tpusim report (a JSON list)"),
     (b'{"schema": "tpusim-report", "ver', "not valid JSON"),
     (b'{"schema": "tpusim-report", "version": 99}',
-     f"report schema version 99 is not one this tpusim reads (it reads versions 1, 2, 3, 4, {SCHEMA_VERSION}) "
+     f"report schema version 99 is not one this tpusim reads (it reads versions 1, 2, 3, 4, 5, {SCHEMA_VERSION}) "
      "(written by a newer"),
     (b'{"schema": "tpusim-report", "version": 0}', "(written by an older tpusim: run the script again"),
     (b'{"schema": "tpusim-report", "version": 2, "complete": true}', "run is missing"),

@@ -147,6 +147,16 @@ def places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     return {"compare": run, "sweep": run, "run": str(tmp_path / "model.py"), "check": str(tmp_path / "model.py")}
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """What a fuzzed command writes into os.environ itself (a run exports its slice for the script) must not reach
+    the next test in this process: monkeypatch restores only what it set."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 class Hang(Exception):
     pass
 

@@ -113,9 +113,10 @@ def test_a_modes_band_is_its_held_out_cases_and_the_report_reads_it(tmp_path, mo
     assert bands["fused"] == {"cases": 2, "mean_abs_error": pytest.approx(0.05), "max_abs_error": pytest.approx(0.07),
                               "worst": "a"}
     assert bands["compile"]["cases"] == 1 and "strict" not in bands        # a fit case is no evidence
-    write_bands(results, {"fused", "compile"}, tmp_path / fidelity.BANDS_FILE)
-    write_bands([_result("d", "strict", 0.2)], {"strict"}, tmp_path / fidelity.BANDS_FILE)   # keeps the others
-    monkeypatch.setattr(fidelity, "calibration_dir", lambda: tmp_path)
+    path = tmp_path / "error_bands.toml"
+    write_bands(results, {"fused", "compile"}, path)
+    write_bands([_result("d", "strict", 0.2)], {"strict"}, path)       # keeps the other modes' tables
+    monkeypatch.setattr(fidelity, "error_bands_path", lambda: path)
     fidelity.bands.cache_clear()
     try:
         fused = fidelity.fidelity("fused", ran_compiled=False)

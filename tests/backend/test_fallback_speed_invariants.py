@@ -48,7 +48,7 @@ def _canonical(trace: Trace) -> list:
 
     out = []
     for r in trace.records:
-        if isinstance(r, MemoryRecord):
+        if isinstance(r, MemoryRecord) or (isinstance(r, HostRecord) and r.storage):   # a copy's device storage
             r = dataclasses.replace(r, storage=sid(r.storage))
         elif isinstance(r, OpRecord):
             r = dataclasses.replace(r, inputs=tuple(map(meta, r.inputs)), outputs=tuple(map(meta, r.outputs)))

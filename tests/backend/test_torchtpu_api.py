@@ -184,7 +184,8 @@ def test_v7_is_two_devices_per_chip_with_half_the_hbm_each(python: object) -> No
         print(torch.tpu.get_device_name(), torch.tpu.device_count(), p.total_memory, torch.tpu.mem_get_info()[1])
         with torch.tpu.device(1):
             print(torch.tpu.get_local_device_attributes())
-    """, env={"TPUSIM_CHIP": "ironwood"})
+    """, env={"TPUSIM_CHIP": "ironwood", **{name: "" for name in (         # a whole host: no slice, no device list
+        "TORCH_TPU_TOPOLOGY", "TPU_VISIBLE_DEVICES", "TPU_VISIBLE_CHIPS", "TPUSIM_DEVICES", "TPUSIM_DEVICE_CONFIG")}})
     assert proc.returncode == 0, proc.stderr[-2000:]
     half = load_chip("v7").hbm_bytes // 2
     assert f"TPU v7 8 {half} {half}" in proc.stdout         # 4 chips per host x 2 devices

@@ -252,6 +252,8 @@ RULES: dict[str, Rule] = {
     "aten::_scaled_dot_product_flash_attention_for_cpu": _flash,
     "aten::_scaled_dot_product_flash_attention_for_cpu_backward": _flash_backward,
 }
+_ATTENTION_RULES = frozenset({"aten::_scaled_dot_product_flash_attention_for_cpu",
+                              "aten::_scaled_dot_product_flash_attention_for_cpu_backward"})
 # Device ops whose CPU kernel contracts: the rules' own, and the hand-written kernels that call them.
 ROUTED = frozenset(RULES) | {"aten::convolution_overrideable", "aten::convolution_backward_overrideable",
                              "aten::_scaled_dot_product_fused_attention_overrideable",
@@ -307,6 +309,9 @@ def execute(op: torch._ops.OpOverload, plan: fallback.OverloadPlan, host_args: l
     precision = _S.precision()
     if precision == HIGHEST:
         return kernel(op, plan, host_args, host_kwargs)
+    if plan.name in _ATTENTION_RULES:       # the device op is the flash op itself (TorchTPU's SDPA choice): its rule
+        with _contracting(precision):
+            return RULES[plan.name](op, tuple(host_args), host_kwargs, precision)
     with _contracting(precision):
         if plan.name.startswith(KERNEL_NAMESPACE):          # its CPU kernel, so its own matmuls meet the mode
             return op._op_dk(torch._C.DispatchKey.CPU, *host_args, **host_kwargs)
@@ -314,13 +319,15 @@ def execute(op: torch._ops.OpOverload, plan: fallback.OverloadPlan, host_args: l
 
 
 def _device_overloads() -> list[str]:
-    """The plain contractions' overloads that reach the device's fallback (a CPU kernel, no composite one):
+    """The plain contractions' overloads (and CPU's flash attention, the op TorchTPU's SDPA choice records) that
+    reach the device's fallback (a CPU kernel, no composite one):
     asked of the dispatcher, so another torch's list is found too (mm.out, addmm.out, dot, ... in 2.13)."""
     c, key = torch._C, torch._C.DispatchKey
     composite = (key.CompositeExplicitAutograd, key.CompositeExplicitAutogradNonFunctional,
                  key.CompositeImplicitAutograd, key.PrivateUse1)
     return [full for full in c._dispatch_get_all_op_names()
-            if full.startswith("aten::") and full.removeprefix("aten::").partition(".")[0] in PLAIN
+            if full.startswith("aten::") and (full.removeprefix("aten::").partition(".")[0] in PLAIN
+                                               or full in _ATTENTION_RULES)    # TorchTPU's SDPA choice: flash
             and c._dispatch_has_kernel_for_dispatch_key(full, key.CPU)
             and not any(c._dispatch_has_kernel_for_dispatch_key(full, k) for k in composite)]
 

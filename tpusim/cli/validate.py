@@ -59,7 +59,7 @@ def add_parser(subparsers) -> None:
                              "is installed; recorded with its op programs, slow), or both side by side (NAME@xla)")
     parser.add_argument("--write-bands", action="store_true",
                         help="write the held-out error band of each mode all of whose cases ran to "
-                             "topologies/calibration/error_bands.toml, which every report prints beside the mode")
+                             "topologies/fidelity/error_bands.toml, which every report prints beside the mode")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.set_defaults(run=run)
 

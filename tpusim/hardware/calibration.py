@@ -224,6 +224,12 @@ def calibration_dir() -> Path:
     return topologies_dir() / "calibration"
 
 
+def error_bands_path() -> Path:
+    """``topologies/fidelity/error_bands.toml``: each mode's validated error band (tpusim/validate/bands.py writes
+    it, tpusim/report/fidelity.py reads it); beside the calibrations, not among them (every file there is a chip's)."""
+    return topologies_dir() / "fidelity" / "error_bands.toml"
+
+
 def available_calibrations() -> list[str]:
     """Chips that have a calibration file, by name."""
     folder = calibration_dir()

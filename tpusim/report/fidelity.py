@@ -2,7 +2,7 @@
 
 Why: a step time is only as good as the cases it was checked on. `tpusim validate --write-bands` writes, per mode a
 published run used ("compile", "fused", "strict"), the mean and max |error| of its held-out product-path cases to
-topologies/calibration/error_bands.toml (tpusim/validate/bands.py); each mode of a report carries the band it
+topologies/fidelity/error_bands.toml (tpusim/validate/bands.py); each mode of a report carries the band it
 was validated as: "compile" where the program ran torch.compile'd graphs (the published compiled runs time such a
 script), else the eager mode itself. A mode without cases says so ("not validated"), never a borrowed band.
 """
@@ -12,17 +12,15 @@ from __future__ import annotations
 import functools
 import tomllib
 
-from tpusim.hardware.calibration import calibration_dir
+from tpusim.hardware.calibration import error_bands_path
 from tpusim.trace.records import OpRecord, Trace
-
-BANDS_FILE = "error_bands.toml"
 
 
 @functools.cache
 def bands() -> dict[str, dict]:
     """The bands file's tables by mode ({} when it is missing or unreadable: every mode "not validated")."""
     try:
-        data = tomllib.loads((calibration_dir() / BANDS_FILE).read_text())
+        data = tomllib.loads(error_bands_path().read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return {}
     return {mode: band for mode, band in data.items() if isinstance(band, dict)}

@@ -283,9 +283,9 @@ def torchtpu_flash_fraction(s: int, t: int, causal: bool) -> float:
 def torchtpu_flash(causal_at: int, backward: bool) -> Rule:
     """``_scaled_dot_product_flash_attention_for_cpu`` and its backward: the op an eager SDPA call records where
     TorchTPU's chooser takes its flash kernel (tpusim/backend/csrc/attention.cpp). As that kernel runs: padded
-    tiles computed, causal masking skipping whole 512 x 512 tiles only (``torchtpu_flash_fraction``), and grouped-query K/V are first
-    repeated to every query head through HBM (its builder's ReplicateKV; the backward sums dK, dV per group), so no
-    group shares a K/V tile's load."""
+    tiles computed, causal masking skipping whole 512 x 512 tiles only (``torchtpu_flash_fraction``), and
+    grouped-query K/V first repeated to every query head through HBM (its builder's ReplicateKV; the backward sums
+    dK, dV per group), so no group shares a K/V tile's load."""
     def rule(ins: Sequence, outs: Sequence, args: tuple) -> Work:
         first = 1 if backward else 0
         q, k, v = args[first], args[first + 1], args[first + 2]

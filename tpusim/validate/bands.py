@@ -3,7 +3,7 @@
 Why: the report prints a step time per eager mode; a user needs to know how far each one has been found from real
 TPUs. ``mode_bands(results)`` groups the held-out product-path cases by the mode their published run used (a case's
 ``mode``: "compile", "fused", "strict") and gives each mode's case count and mean and max |error|;
-``write_bands`` writes them to ``topologies/calibration/error_bands.toml`` (`tpusim validate --write-bands`), which
+``write_bands`` writes them to ``topologies/fidelity/error_bands.toml`` (`tpusim validate --write-bands`), which
 the report reads (tpusim/report/fidelity.py), for the modes all of whose cases the run priced (``complete_modes``):
 a band from some of a mode's cases would claim more than was checked.
 """
@@ -15,12 +15,10 @@ import statistics
 import tomllib
 from pathlib import Path
 
-from tpusim.hardware.calibration import calibration_dir
+from tpusim.hardware.calibration import error_bands_path
 from tpusim.output import write_atomic
 from tpusim.validate.case import Case
 from tpusim.validate.suite import Result
-
-BANDS_FILE = "error_bands.toml"
 
 
 def mode_bands(results: list[Result]) -> dict[str, dict]:
@@ -35,10 +33,6 @@ def mode_bands(results: list[Result]) -> dict[str, dict]:
         bands[mode] = {"cases": len(rs), "mean_abs_error": statistics.fmean(abs(r.error) for r in rs),
                        "max_abs_error": abs(worst.error), "worst": worst.case.name}
     return bands
-
-
-def bands_path() -> Path:
-    return calibration_dir() / BANDS_FILE
 
 
 def complete_modes(results: list[Result], cases: list[Case]) -> set[str]:
@@ -56,7 +50,7 @@ def complete_modes(results: list[Result], cases: list[Case]) -> set[str]:
 def write_bands(results: list[Result], modes: set[str], path: Path | None = None) -> Path:
     """Write ``mode_bands(results)`` of ``modes`` as TOML (one table a mode, with the date it was measured); the
     file's other modes stay as they were measured before."""
-    path = path or bands_path()
+    path = path or error_bands_path()
     try:
         kept = {m: b for m, b in tomllib.loads(path.read_text()).items() if isinstance(b, dict) and m not in modes}
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):

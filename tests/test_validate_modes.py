@@ -124,7 +124,7 @@ def test_a_modes_band_is_its_held_out_cases_and_the_report_reads_it(tmp_path, mo
         assert fidelity.fidelity("fused", ran_compiled=True)["validated_as"] == "compile"
         assert fidelity.fidelity("strict", ran_compiled=False)["max_abs_error"] == pytest.approx(0.2)
         assert fidelity.fidelity("debug", ran_compiled=False)["cases"] == 0
-        assert fidelity.band_text("debug", 0, None, None) == "not validated (debug)"
+        assert fidelity.band_text("debug", 0, None, None) == "no band (debug)"
         assert fidelity.band_text("fused", 2, 0.05, 0.07) == "±5.0% (max 7.0%, 2 fused cases)"
     finally:
         fidelity.bands.cache_clear()

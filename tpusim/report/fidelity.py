@@ -4,7 +4,7 @@ Why: a step time is only as good as the cases it was checked on. `tpusim validat
 published run used ("compile", "fused", "strict"), the mean and max |error| of its held-out product-path cases to
 topologies/fidelity/error_bands.toml (tpusim/validate/bands.py); each mode of a report carries the band it
 was validated as: "compile" where the program ran torch.compile'd graphs (the published compiled runs time such a
-script), else the eager mode itself. A mode without cases says so ("not validated"), never a borrowed band.
+script), else the eager mode itself. A mode without a measured band says so ("no band"), never a borrowed one.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def fidelity(mode: str, ran_compiled: bool) -> dict:
 
 
 def band_text(validated_as: str, cases: int, mean: float | None, worst: float | None) -> str:
-    """One cell: "±4.5% (max 10.3%, 13 compile cases)" or "not validated (strict)"."""
+    """One cell: "±4.5% (max 10.3%, 13 compile cases)", or "no band (strict)" where none was measured."""
     if not cases or mean is None or worst is None:
-        return f"not validated ({validated_as})"
+        return f"no band ({validated_as})"
     return f"±{mean:.1%} (max {worst:.1%}, {cases} {validated_as} case{'s' if cases != 1 else ''})"

@@ -32,6 +32,7 @@ import argparse
 
 import torch
 import torch.distributed as dist
+from decoder import rotary  # validation/decoder.py, beside this script (its folder is sys.path[0])
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import init_device_mesh
@@ -69,16 +70,6 @@ class RMSNorm(nn.Module):
         return wide.to(x.dtype) * self.weight
 
 
-def rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary positions over the last dim of [batch, heads, seq, head_dim]."""
-    seq, dim = x.shape[-2], x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim)
-    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv)
-    cos, sin = angles.cos().repeat(1, 2).to(x.dtype), angles.sin().repeat(1, 2).to(x.dtype)
-    half = torch.cat((-x[..., dim // 2:], x[..., : dim // 2]), dim=-1)
-    return x * cos + half * sin
-
-
 class Attention(nn.Module):
     """Grouped-query attention; ``reuse``: only the queries are projected, the keys and values come in."""
 
@@ -97,9 +88,10 @@ class Attention(nn.Module):
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         a = self.args
         batch, seq, _ = x.shape
-        q = rotary(self.q_norm(self.q(x).view(batch, seq, a.heads, a.head_dim)).transpose(1, 2), a.rope_theta)
+        q = rotary(self.q_norm(self.q(x).view(batch, seq, a.heads, a.head_dim)).transpose(1, 2), base=a.rope_theta)
         if kv is None:
-            k = rotary(self.k_norm(self.k(x).view(batch, seq, a.kv_heads, a.head_dim)).transpose(1, 2), a.rope_theta)
+            k = self.k_norm(self.k(x).view(batch, seq, a.kv_heads, a.head_dim)).transpose(1, 2)
+            k = rotary(k, base=a.rope_theta)
             v = self.v(x).view(batch, seq, a.kv_heads, a.head_dim).transpose(1, 2)
             kv = (k, v)
         group = a.heads // a.kv_heads

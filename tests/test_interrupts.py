@@ -250,21 +250,31 @@ def test_a_ctrl_c_during_the_numpy_import_arrives_after_it():
 def test_a_very_deep_traceback_is_cut_to_its_last_frames_at_once():
     # issue 44, S24: a RecursionError under sys.setrecursionlimit(10**7) gave no output in 150 s: the script's
     # traceback was summed up frame by frame (minutes, gigabytes). Python prints the last 1000 frames; so do we.
-    from tpusim.script import MAX_FRAMES, user_traceback
+    # In a process of its own: so deep a recursion may overflow a test worker's C stack.
+    import subprocess
+    import textwrap
 
-    def down(n: int) -> int:
-        return down(n + 1) + 1
+    from tpusim.script import MAX_FRAMES
 
-    previous = sys.getrecursionlimit()
-    sys.setrecursionlimit(300_000)
-    try:
-        down(0)
-    except RecursionError as error:
-        caught = error
-    finally:
-        sys.setrecursionlimit(previous)
-    text = user_traceback(caught)
+    code = textwrap.dedent("""
+        import sys
+        from tpusim.script import user_traceback
+
+        def down(n):
+            return down(n + 1) + 1
+
+        sys.setrecursionlimit(30_000)
+        try:
+            down(0)
+        except RecursionError as error:
+            caught = error
+        sys.setrecursionlimit(1000)
+        sys.stdout.write(user_traceback(caught))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    text = done.stdout
+    assert done.returncode == 0, done.stderr[-2000:]
     assert f"the last {MAX_FRAMES} are shown" in text and text.endswith("RecursionError: maximum recursion depth "
                                                                          "exceeded\n")
     assert f"[Previous line repeated {MAX_FRAMES - 3} more times]" in text     # Python's own summary of the rest
-    assert text.count("\n") < 10 * MAX_FRAMES          # the last frames only, never one line per frame of 300,000
+    assert text.count("\n") < 10 * MAX_FRAMES          # the last frames only, never one line per frame of 30,000

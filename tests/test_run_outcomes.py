@@ -99,6 +99,7 @@ def test_ctrl_c_during_pricing_of_a_real_run(tmp_path):
     assert "INCOMPLETE: Ctrl-C stopped pricing" in stdout
 
 
+@pytest.mark.slow      # about 17 s: a long recording to signal while it is priced
 def test_sigterm_during_pricing_of_a_real_run_exits_143_within_a_container_grace_period(tmp_path):
     """Issue 44, I07: SIGTERM once pricing had begun printed "Ctrl-C: pricing stopped", exited 130, and took 34 s
     (writing program.jsonl through dataclasses.asdict, then compiling with XLA, neither stoppable): `docker stop`
@@ -240,6 +241,7 @@ def test_a_failing_script_leaves_the_users_ranks_folder_and_a_crafted_manifest_n
     assert report_of(out)["error"]["type"] == "ValueError"
 
 
+@pytest.mark.slow      # about 25 s: a --ranks all run of four processes
 def test_ranks_all_writes_ranks_once_the_report_is_written_and_never_into_the_users_ranks(tmp_path):
     # Issue 44, rows DS1, DS5: --ranks all wrote each rank's trace into ranks/ (an earlier run's removed before the
     # script ran). A ranks/ of the user's refuses such a run before the script; an earlier run's is replaced by

@@ -76,6 +76,7 @@ def test_the_report_gives_xlas_estimate_of_each_compiled_graph(tmp_path):
     assert "libtpu" not in done.stderr and "TPU_" not in done.stderr     # nothing of libtpu's start-up noise
 
 
+@pytest.mark.slow      # about 37 s: two end-to-end runs
 def test_compiler_model_leaves_the_programs_to_the_model_and_says_so(tmp_path):
     done, report = run(tmp_path, "--compiler", "model")
     mode = report["modes"]["strict"]

@@ -58,6 +58,7 @@ def run(tmp_path: Path, compiler: str) -> dict:
     return json.loads((out / "report.json").read_text())["modes"]["strict"]
 
 
+@pytest.mark.slow      # about 50 s: XLA compiles a whole graph with collectives
 def test_an_all_gather_xla_overlaps_with_matmuls_is_priced_under_them(tmp_path):
     mode = run(tmp_path, "xla")
     (row,) = mode["xla"]["per_program"]

@@ -93,6 +93,7 @@ def test_torchrun_trains_on_tpu_with_exact_numerics(backend: str) -> None:
     assert "Time stats are currently only collected" not in result.stdout + result.stderr
 
 
+@pytest.mark.slow      # about 21 s: a torchrun launch and a tpusim run of it
 def test_tpusim_run_prices_the_same_script(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "tpusim", "run", str(SCRIPT), "--topology", "2d:2x1", "--quiet",
                              "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600,

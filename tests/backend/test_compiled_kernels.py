@@ -27,7 +27,8 @@ def test_splash_attention_compiles_into_the_graph_with_the_eager_values_and_grad
     reference = _layer(q, k, v).detach()
     tq, tk, tv = (t.detach().to("tpu").requires_grad_() for t in (q, k, v))
     compiled = torch.compile(_checkpointed, backend="tpu", fullgraph=True)      # a graph break would raise
-    with tb.recording() as rec:
+    # f32 as the eager kernel computes it, whatever precision an earlier test of this process left behind
+    with tb.recording() as rec, torch.tpu.precision(torch.tpu.Precision.HIGHEST):
         out = compiled(tq, tk, tv)
         out.sum().backward()
     torch.testing.assert_close(out.detach().cpu(), reference)

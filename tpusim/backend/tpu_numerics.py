@@ -309,9 +309,6 @@ def execute(op: torch._ops.OpOverload, plan: fallback.OverloadPlan, host_args: l
     precision = _S.precision()
     if precision == HIGHEST:
         return kernel(op, plan, host_args, host_kwargs)
-    if plan.name in _ATTENTION_RULES:       # the device op is the flash op itself (TorchTPU's SDPA choice): its rule
-        with _contracting(precision):
-            return RULES[plan.name](op, tuple(host_args), host_kwargs, precision)
     with _contracting(precision):
         if plan.name.startswith(KERNEL_NAMESPACE):          # its CPU kernel, so its own matmuls meet the mode
             return op._op_dk(torch._C.DispatchKey.CPU, *host_args, **host_kwargs)

@@ -150,19 +150,17 @@ def format_table(results, summary, calibration: bool) -> str:
         lines.append(f"{label:26s} ({s.count:2d} cases): mean |error| {s.mean_abs:6.1%}, max {s.max_abs:6.1%} "
                      f"({s.worst})")
     from tpusim.validate.bands import mode_bands
+    from tpusim.validate.suite import Summary, summary_of
 
-    for compiler in sorted({r.case.compiler for r in results if r.case.compiler} - {"model"}):
-        held = [r for r in results if r.case.compiler == compiler and r.held_out and r.case.kind == "measured"]
-        if held:
-            worst = max(held, key=lambda r: abs(r.error))
-            mean = sum(abs(r.error) for r in held) / len(held)
-            label = f"held out, compiler {compiler}"
-            lines.append(f"{label:26s} ({len(held):2d} cases): mean |error| {mean:6.1%}, max {abs(worst.error):6.1%} "
-                         f"({worst.case.name})")
-    for mode, band in mode_bands(results).items():         # the band each report prints beside the mode
-        label = f"held out, mode {mode}"
-        lines.append(f"{label:26s} ({band['cases']:2d} cases): mean |error| {band['mean_abs_error']:6.1%}, max "
-                     f"{band['max_abs_error']:6.1%} ({band['worst']})")
+    held = [r for r in results if r.held_out and r.case.kind == "measured"]
+    extra = [summary_of(f"held out, compiler {compiler}", [r for r in held if r.case.compiler == compiler])
+             for compiler in sorted({r.case.compiler for r in results if r.case.compiler} - {"model"})]
+    extra += [Summary(f"held out, mode {mode}", band["cases"], band["mean_abs_error"], band["max_abs_error"],
+                      band["worst"]) for mode, band in mode_bands(results).items()]   # the band reports print
+    for s in extra:
+        if s.count:
+            lines.append(f"{s.label:26s} ({s.count:2d} cases): mean |error| {s.mean_abs:6.1%}, max {s.max_abs:6.1%} "
+                         f"({s.worst})")
     return "\n".join(lines)
 
 

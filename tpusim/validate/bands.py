@@ -11,14 +11,13 @@ a band from some of a mode's cases would claim more than was checked.
 from __future__ import annotations
 
 import datetime
-import statistics
 import tomllib
 from pathlib import Path
 
 from tpusim.hardware.calibration import error_bands_path
 from tpusim.output import write_atomic
 from tpusim.validate.case import Case
-from tpusim.validate.suite import Result
+from tpusim.validate.suite import Result, summary_of
 
 
 def mode_bands(results: list[Result]) -> dict[str, dict]:
@@ -29,9 +28,8 @@ def mode_bands(results: list[Result]) -> dict[str, dict]:
             by_mode.setdefault(r.case.mode or "compile", []).append(r)
     bands = {}
     for mode, rs in sorted(by_mode.items()):
-        worst = max(rs, key=lambda r: abs(r.error))
-        bands[mode] = {"cases": len(rs), "mean_abs_error": statistics.fmean(abs(r.error) for r in rs),
-                       "max_abs_error": abs(worst.error), "worst": worst.case.name}
+        s = summary_of(mode, rs)
+        bands[mode] = {"cases": s.count, "mean_abs_error": s.mean_abs, "max_abs_error": s.max_abs, "worst": s.worst}
     return bands
 
 

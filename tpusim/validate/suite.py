@@ -126,15 +126,16 @@ def summarise(results: list[Result]) -> dict[str, Summary]:
         "fitted": [r for r in measured if not r.held_out],
         "analytic": [r for r in results if r.case.kind == "analytic"],
     }
-    out = {}
-    for label, rs in groups.items():
-        if not rs:
-            out[label] = Summary(label, 0, None, None)
-            continue
-        worst = max(rs, key=lambda r: abs(r.error))
-        out[label] = Summary(label, len(rs), statistics.fmean(abs(r.error) for r in rs), abs(worst.error),
-                             worst.case.name)
-    return out
+    return {label: summary_of(label, rs) for label, rs in groups.items()}
+
+
+def summary_of(label: str, results: list[Result]) -> Summary:
+    """Mean and max |error| of ``results``, and the worst case's name (count 0 and None when empty)."""
+    if not results:
+        return Summary(label, 0, None, None)
+    worst = max(results, key=lambda r: abs(r.error))
+    return Summary(label, len(results), statistics.fmean(abs(r.error) for r in results), abs(worst.error),
+                   worst.case.name)
 
 
 @dataclass(frozen=True)

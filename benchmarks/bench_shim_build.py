@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from tpusim.backend import shim
+from tpusim.backend.plumbing import shim
 
 _BUILD = """
 import sys

@@ -1,4 +1,4 @@
-"""Shape functions tpusim adds for ATen ops that have none (tpusim/backend/shape_functions.py).
+"""Shape functions tpusim adds for ATen ops that have none (tpusim/backend/aten/shape_functions.py).
 
 Truth: CPU's own kernels; each op on meta tensors gives the shapes and dtypes CPU's kernel gives on real ones,
 where before it stopped a shape-only run ("has no shape function")."""
@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from tpusim.backend import shape_functions
+from tpusim.backend.aten import shape_functions
 
 
 def _ctc_inputs(device: str) -> tuple[torch.Tensor, ...]:

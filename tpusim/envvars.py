@@ -5,7 +5,7 @@ turns the raw text into a value or raises ``TpusimError``, and the default). ``t
 ``check()`` before it loads the device, so a bad value is one line naming the variable, its value and
 what is accepted, instead of a failure deep inside the device's import. The modules that use a
 variable read it with ``read(name)`` (or their own typed reader for the device's settings,
-tpusim/backend/config.py), so the check and the use cannot disagree.
+tpusim/backend/plumbing/config.py), so the check and the use cannot disagree.
 
 TorchTPU's variables that select the eager mode (TORCH_TPU_LAUNCH_BLOCKING, ...) are TorchTPU's own:
 tpusim/eager/state.py treats a non-boolean as unset with a warning, as TorchTPU does, so they are not here.
@@ -115,7 +115,7 @@ def _modes() -> str:
 
 
 VARIABLES: tuple[Variable, ...] = (
-    # the device (tpusim/backend/config.py)
+    # the device (tpusim/backend/plumbing/config.py)
     Variable("TPUSIM_CHIP", "a chip name (tpusim chips) or the path of a chip .toml file", _chip),
     Variable("TPUSIM_DEVICES", "a whole number 1..64", whole(1, 64)),
     Variable("TPUSIM_HBM_BYTES", "a whole number of bytes 0..2**62, e.g. 16e9 (0: unlimited)", whole(0, 2**62)),
@@ -135,7 +135,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TPUSIM_HANG_GRACE_S", "seconds > 0, e.g. 1", _seconds, 1.0),
     # data (tpusim/hardware/spec.py)
     Variable("TPUSIM_TOPOLOGIES", "an existing folder holding chips/*.toml (a copy of topologies/)", _folder),
-    # TorchTPU's, read by tpusim/backend/config.py
+    # TorchTPU's, read by tpusim/backend/plumbing/config.py
     Variable("TORCH_TPU_DEVICES_PER_HOST", "a whole number >= 1", whole(1)),
 )
 BY_NAME = {v.name: v for v in VARIABLES}

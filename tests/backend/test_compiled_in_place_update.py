@@ -1,6 +1,6 @@
 """A torch.compile'd function that updates a buffer in place (a static KV cache's ``index_copy_``): AOT autograd
 functionalises it to ``index_put`` and writes the result back with ``buffer.copy_(result)`` after the graph; XLA
-updates the donated buffer in place, so the write-back moves nothing (tpusim/backend/program.py
+updates the donated buffer in place, so the write-back moves nothing (tpusim/backend/program_trace/compiled_program.py
 ``Program.updated_inputs``).
 
 The truths: CPU's values for the buffer; for the bytes, the closed form of a scatter of one row: the row written,

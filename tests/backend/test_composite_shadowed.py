@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import tpusim.backend as tb
-from tpusim.backend import fallback
+from tpusim.backend.dispatch import fallback
 from tpusim.trace.records import OpRecord
 
 

@@ -3,7 +3,7 @@ rule's over its tensors' metadata, with the family of its row and the family's u
 
 import torch
 
-from tpusim.backend import costs
+from tpusim.backend.program_trace import costs
 from tpusim.trace import ops
 from tpusim.trace.cost_rules import Meta
 from tpusim.trace.ops import Family

@@ -1,5 +1,5 @@
 """A script that ends right after a backward on "tpu" exits 0 (issue 31): before the exit drain
-(tpusim/backend/shutdown.py), autograd's tpu thread dropped the last backward's task while Python was
+(tpusim/backend/device/shutdown.py), autograd's tpu thread dropped the last backward's task while Python was
 finalizing and the process aborted (SIGABRT, exit 134) in 5 to 7 runs of 10 here."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def test_a_script_that_ends_after_backward_exits_cleanly(tmp_path):
 
 
 def test_the_drain_runs_only_where_autograd_started_device_threads():
-    probe = ("import torch\nfrom tpusim.backend import shutdown\nbefore = shutdown.device_threads_started()\n"
+    probe = ("import torch\nfrom tpusim.backend.device import shutdown\nbefore = shutdown.device_threads_started()\n"
              "x = torch.ones(2, device='tpu', requires_grad=True)\n(x * 3).sum().backward()\n"
              "print(before, shutdown.device_threads_started(), x.grad.tolist())\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
@@ -56,7 +56,7 @@ time.sleep(0.3)
 
 def test_a_daemon_thread_still_running_tpu_ops_at_exit_does_not_abort_the_process(tmp_path):
     # Issue 32, row 9: the daemon thread returned to a finalizing Python and the process aborted (exit 134, in
-    # 5 runs of 5 here); at exit it now parks in the shim for good (tpusim/backend/shutdown.py).
+    # 5 runs of 5 here); at exit it now parks in the shim for good (tpusim/backend/device/shutdown.py).
     results = exit_codes(tmp_path, DAEMON, 3)      # it aborted in every run before
     assert [code for code, _ in results] == [0] * 3, results
 
@@ -65,7 +65,7 @@ def test_a_thread_still_noting_ops_while_the_recording_stops_loses_nothing(monke
     # Issue 44, row S07: a daemon thread still issuing tpu ops filled the recording's op_calls while stop() lowered
     # them: "dictionary changed size during iteration", exit 1 and no report (1 run in 4 with the compiler on).
     # The race made certain: lowering an op notes another one, as the thread's next op does meanwhile.
-    from tpusim.backend import op_programs, recorder
+    from tpusim.backend.program_trace import op_programs, recorder
     from tpusim.trace.records import XlaModule
 
     rec = recorder.start()

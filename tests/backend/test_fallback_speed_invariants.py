@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 import tpusim.backend as tb
-from tpusim.backend import costs, recorder
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.state import STATE
+from tpusim.backend.program_trace import costs, recorder
 from tpusim.eager.windows import BACKWARD_REASON
 from tpusim.trace import ops
 from tpusim.trace.records import HostRecord, MemoryRecord, OpRecord, TensorMeta, Trace
@@ -28,7 +28,7 @@ from tpusim.trace.records import HostRecord, MemoryRecord, OpRecord, TensorMeta,
 
 @contextmanager
 def _python_fallback() -> Iterator[None]:
-    """Every op through tpusim/backend/fallback.py, as on a target other than the simulator."""
+    """Every op through tpusim/backend/dispatch/fallback.py, as on a target other than the simulator."""
     STATE.shim.set_fast(False)
     try:
         yield
@@ -64,7 +64,7 @@ class _Model(nn.Module):
         self.attn = nn.MultiheadAttention(16, 2, dropout=0.1, batch_first=True)
         self.mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Dropout(0.1), nn.Linear(32, 16))
         self.rnn = nn.GRU(16, 8, batch_first=True)
-        self.lstm = nn.LSTM(8, 8, batch_first=True)     # the fused cells: the shim's C++ ones vs kernels.py's
+        self.lstm = nn.LSTM(8, 8, batch_first=True)     # fused cells: the shim's C++ ones vs handwritten_kernels.py's
         self.head = nn.Linear(8, 50)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -168,7 +168,7 @@ def test_shape_only_results_made_from_a_seen_signature_equal_the_kernels(python:
     result = python("""
         import torch, tpusim.backend as tb
         from torch import nn
-        from tpusim.backend.state import STATE
+        from tpusim.backend.plumbing.state import STATE
         import test_fallback_speed_invariants as t
 
         def run():

@@ -73,7 +73,7 @@ def _inplace_broadcast_samples() -> list:
 
 def test_every_opinfo_inplace_sample_that_must_broadcast_fails_as_on_cpu() -> None:
     # addr_ resized where CPU raised: CPU's check compares C++ references, which a boxed call cannot keep
-    # (tpusim/backend/fallback.py CPU_COMPOSITES).
+    # (tpusim/backend/dispatch/fallback.py CPU_COMPOSITES).
     samples = _inplace_broadcast_samples()
     assert len(samples) >= 50
     different = []

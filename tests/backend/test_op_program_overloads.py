@@ -1,5 +1,5 @@
 """An eager op recorded without its overload ("aten::arange") gets the overload that takes its recorded
-arguments for its one-op TPU program (tpusim/backend/op_programs.py ``_overload``). Trying the others must
+arguments for its one-op TPU program (tpusim/backend/program_trace/op_programs.py ``_overload``). Trying the others must
 never hand a plain int to a dtype, layout or memory-format parameter: ``arange(0, 128)``'s ``end`` read as
 ``arange.default``'s ``dtype`` is ScalarType 128, which torch reads out of bounds, and the recording process
 died with SIGSEGV (found by a sweep of examples/serve.py --compile, issue 30)."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tpusim.backend import op_programs
+from tpusim.backend.program_trace import op_programs
 
 CASES = [
     ("aten::arange", (0, 128), torch.arange(0, 128), "start"),

@@ -1,5 +1,5 @@
-"""Eager ops recorded for the TPU compiler (tpusim/backend/op_programs.py, TPUSIM_XLA_OPS=1): every op of the
-recording is one of the kept signatures, each lowered to StableHLO that computes what the op computes, and
+"""Eager ops recorded for the TPU compiler (tpusim/backend/program_trace/op_programs.py, TPUSIM_XLA_OPS=1): every
+op of the recording is one of the kept signatures, each lowered to StableHLO that computes what the op computes, and
 keeping them never keeps a tensor alive (the recording's frees are the same as without)."""
 
 from __future__ import annotations

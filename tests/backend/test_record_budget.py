@@ -17,8 +17,8 @@ from torch import nn
 
 import tpusim.backend as tb
 from tpusim import envvars
-from tpusim.backend import recorder
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.state import STATE
+from tpusim.backend.program_trace import recorder
 from tpusim.errors import TpusimError
 from tpusim.trace.records import StepMarker
 

@@ -1,5 +1,5 @@
-"""The record budget for a recording with no step marked yet (tpusim/backend/recorder.py): it stops at exactly the
-budget, while the script runs (ops the shim runs natively never call Python: a watcher thread drains the
+"""The record budget for a recording with no step marked yet (tpusim/backend/program_trace/recorder.py): it stops at
+exactly the budget, while the script runs (ops the shim runs natively never call Python: a watcher thread drains the
 log), the script runs on with exact numerics, and the report says it priced a prefix of the program."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from factories import sgd_steps, train_linear
 from torch import nn
 
 import tpusim.backend as tb
-from tpusim.backend import recorder
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.state import STATE
+from tpusim.backend.program_trace import recorder
 from tpusim.trace.records import StepMarker
 
 ROOT = Path(__file__).resolve().parents[2]

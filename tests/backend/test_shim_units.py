@@ -10,7 +10,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from tpusim.backend import shim
+from tpusim.backend.plumbing import shim
 
 
 def _included(unit: str) -> list[str]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tpusim
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.state import STATE
 from tpusim.backend.targets import TARGETS, flush_pending, select
 from tpusim.backend.targets.base import Target, use
 from tpusim.backend.targets.sim import SIM, run_kernel

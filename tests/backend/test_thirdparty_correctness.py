@@ -2,9 +2,9 @@
 (tied weights stay tied, an optimizer built before ``.to("tpu")`` keeps working) by the rules CUDA
 follows, and recurrent layers (RNN, GRU, LSTM and their cells) run forward and backward on tpu.
 
-Tolerances. The cells are bit-exact: the fused cell kernels (tpusim/backend/kernels.py) run CPU's own op
-sequence, and the gate matmuls equal CPU's addmm (mm + bias == addmm for K <= 256 on MKL). The layers are
-bit-exact outside a recording, where they run CPU's own kernel (tpusim/backend/rnn.py). A packed sequence
+Tolerances. The cells are bit-exact: the fused cell kernels (tpusim/backend/aten/handwritten_kernels.py) run CPU's own
+op sequence, and the gate matmuls equal CPU's addmm (mm + bias == addmm for K <= 256 on MKL). The layers are
+bit-exact outside a recording, where they run CPU's own kernel (tpusim/backend/dispatch/rnn.py). A packed sequence
 (and any layer while recording) takes ATen's accelerator path, as on CUDA: on CPU the input projection of a
 whole sequence is one addmm (and float32 nn.LSTM is oneDNN's fused kernel), on an accelerator one mm per
 step; MKL rounds a row of a product differently for different row counts, and the weight_ih/bias_ih
@@ -336,7 +336,7 @@ def test_rnn_layers_match_cpu(kind: str, config: str) -> None:
     want = _run_rnn(layer, x, "cpu", hx, lengths)
     got = _run_rnn(layer, x, "tpu", hx, lengths)
     for g, w in zip(got, want, strict=True):
-        if lengths is None:             # outside a recording a layer runs CPU's own kernel (tpusim/backend/rnn.py)
+        if lengths is None:             # outside a recording a layer runs CPU's own kernel (backend/dispatch/rnn.py)
             assert torch.equal(g, w)
         else:                           # a packed sequence takes the accelerator path, step by step
             torch.testing.assert_close(g, w)

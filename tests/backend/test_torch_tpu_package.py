@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tpusim
-from tpusim.backend import recorder
+from tpusim.backend.program_trace import recorder
 from tpusim.errors import TpusimError
 
 MODULES = ("torch_tpu", "torch_tpu.api", "torch_tpu.profiler", "torch_tpu._internal.execution_mode",

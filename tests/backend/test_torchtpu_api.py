@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import tpusim
 import tpusim.backend as tb
-from tpusim.backend.config import load_config
+from tpusim.backend.plumbing.config import load_config
 from tpusim.backend.torchtpu import hardware
 from tpusim.backend.torchtpu import precision as precision_module
 from tpusim.errors import TpusimError
@@ -328,17 +328,17 @@ def test_custom_compiler_options() -> None:
 
 def test_torch_compile_defaults_to_tpu_for_tpu_inputs_and_takes_torchtpu_options() -> None:
     pytest.importorskip("jax")
-    from tpusim.backend import compile as compile_backend
+    from tpusim.backend.torch_compile import jax_backend
 
     debugs = []
     model = torch.nn.Linear(4, 3).to("tpu")
-    graphs = len(compile_backend.compile_stats().graphs)
+    graphs = len(jax_backend.compile_stats().graphs)
     compiled = torch.compile(model, options={"debug_callback": debugs.append, "name": "head", "async_compile": True,
                                              "num_dynamic_buckets": 2, "bucket_size": 128, "serializable": False})
     x = torch.randn(2, 4)
     out = compiled(x.to("tpu"))
     out.sum().backward()
-    assert len(compile_backend.compile_stats().graphs) == graphs + 2        # forward and backward, by "tpu"
+    assert len(jax_backend.compile_stats().graphs) == graphs + 2        # forward and backward, by "tpu"
     ref = torch.nn.Linear(4, 3)
     ref.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
     torch.testing.assert_close(out.cpu(), ref(x), atol=1e-6, rtol=1e-6)
@@ -444,7 +444,7 @@ def test_every_c10d_name_of_tpusim_is_one_registered_backend() -> None:
     # and under "tpu" in the slow run (tests/distributed/test_torchtpu_launch.py).
     import torch.distributed as dist
 
-    from tpusim.backend.device import C10D_NAMES
+    from tpusim.backend.device.registration import C10D_NAMES
 
     assert all(dist.is_backend_available(name) for name in C10D_NAMES)
     creators = {dist.Backend._plugins[name.upper()].creator_fn for name in C10D_NAMES}

@@ -90,7 +90,7 @@ def test_dump_on_cache_miss_is_a_flag_that_reads_back():
 def test_accelerator_type_names_the_chip_and_the_hosts_devices(accelerator, name, count, monkeypatch):
     """Cloud TPU's accelerator type counts TensorCores: v5p-16 is 8 chips (a host has 4), tpu7x-2 one chip of
     two devices."""
-    from tpusim.backend.config import load_config
+    from tpusim.backend.plumbing.config import load_config
 
     for key in [k for k in os.environ if k.startswith(("TPUSIM_", "TORCH_TPU_", "TPU_VISIBLE"))]:
         monkeypatch.delenv(key)
@@ -101,7 +101,7 @@ def test_accelerator_type_names_the_chip_and_the_hosts_devices(accelerator, name
 
 def test_an_accelerator_type_that_is_a_path_is_never_read_as_a_chip_file(tmp_path, monkeypatch):
     # issue 44, NA3: ACCELERATOR_TYPE=/etc/passwd-8 had tpusim read /etc/passwd as a chip TOML file
-    from tpusim.backend.config import load_config
+    from tpusim.backend.plumbing.config import load_config
     from tpusim.hardware.spec import default_chip
 
     chip_file = tmp_path / "v6e"

@@ -10,7 +10,7 @@ import pytest
 
 import tpusim.backend as tb
 from tpusim import envvars
-from tpusim.backend.config import CONFIG_ENV, DeviceConfig
+from tpusim.backend.plumbing.config import CONFIG_ENV, DeviceConfig
 from tpusim.errors import TpusimError
 from tpusim.hardware.spec import chips_dir, load_chip
 
@@ -109,11 +109,11 @@ def test_every_yes_no_spelling_the_check_accepts_loads_to_the_same_value(
 def test_the_debug_flags_load_every_yes_no_spelling(python: object) -> None:
     proc = python(f"""
         import importlib, os
-        from tpusim.backend import debug
+        from tpusim.backend.dispatch import debug_mode
         for spelling, value in {SPELLINGS!r}:
             os.environ.update(TPUSIM_DEBUG_CHECK=spelling, TPUSIM_DEBUG_LOG=spelling)
-            importlib.reload(debug)          # the flags are read at import
-            assert debug.CHECK is value and debug.LOG is value, (spelling, debug.CHECK, debug.LOG)
+            importlib.reload(debug_mode)          # the flags are read at import
+            assert debug_mode.CHECK is value and debug_mode.LOG is value, (spelling, debug_mode.CHECK, debug_mode.LOG)
         print("ok")
     """)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

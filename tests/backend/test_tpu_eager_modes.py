@@ -1,4 +1,4 @@
-"""Eager modes on the device (tpusim/eager/state.py, tpusim/backend/debug.py): selecting a mode, debug's
+"""Eager modes on the device (tpusim/eager/state.py, tpusim/backend/dispatch/debug_mode.py): selecting a mode, debug's
 NaN/Inf check at the op, the mode change in the trace, identical numerics in every mode."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from torch import nn
 
 import tpusim
 import tpusim.backend as tb
-from tpusim.backend import debug
+from tpusim.backend.dispatch import debug_mode
 from tpusim.eager import state as eager
 from tpusim.errors import TpusimError
 from tpusim.trace.records import HostRecord
@@ -27,7 +27,7 @@ def _strict() -> Iterator[None]:
     tpusim.set_eager_mode("strict")
     yield
     tpusim.set_eager_mode("strict")
-    debug.configure(check=True, log=False)
+    debug_mode.configure(check=True, log=False)
 
 
 def test_select_a_mode() -> None:
@@ -93,7 +93,7 @@ def test_debug_raises_at_the_op_that_made_a_nan() -> None:
     y = x.clone()
     with pytest.raises(tb.TpuNonFiniteError, match="aten::div"):
         y.div_(0.0)                                              # in place: checked after the op too
-    debug.configure(check=False)
+    debug_mode.configure(check=False)
     x.log()                                                      # the knob turns it off
 
 
@@ -111,7 +111,7 @@ def test_debug_does_not_blame_propagation_or_a_given_inf() -> None:
 
 def test_debug_log_prints_one_line_per_op(capsys: pytest.CaptureFixture) -> None:
     a = torch.randn(2, 3, device="tpu")
-    debug.configure(log=True)
+    debug_mode.configure(log=True)
     a.relu()                                                     # strict: no log
     with tpusim.eager_mode("debug"):
         (a @ a.T).relu()

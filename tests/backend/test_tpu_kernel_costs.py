@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tpusim.backend.costs import op_cost
+from tpusim.backend.program_trace.costs import op_cost
 from tpusim.trace.ops import Family
 
 

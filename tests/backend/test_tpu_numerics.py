@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import tpusim.backend as tb
-from tpusim.backend import tpu_numerics
+from tpusim.backend.dispatch import tpu_numerics
 from tpusim.errors import TpusimError
 from tpusim.hardware.spec import load_chip
 

@@ -80,7 +80,7 @@ def test_not_recording_records_nothing() -> None:
 
 def test_public_collective_and_meta_api() -> None:
     """What the c10d backend uses: a collective's tensors get the op records' ids; meta lands in the trace."""
-    from tpusim.backend import recorder
+    from tpusim.backend.program_trace import recorder
     from tpusim.trace.records import CollectiveRecord
 
     x = torch.randn(4, 4, device="tpu")

@@ -1,4 +1,4 @@
-"""Functional collectives inside torch.compile(backend="tpu") graphs (tpusim/backend/collective_graph.py).
+"""Functional collectives inside torch.compile(backend="tpu") graphs (tpusim/backend/torch_compile/collective_graph.py).
 
 The schedule test builds an FX graph by hand (fast); the runs start `tpusim run` as a user does
 (slow: every rank compiles its graph)."""
@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.fx
 
-from tpusim.backend.collective_graph import SegmentedGraph, schedule_for_overlap
+from tpusim.backend.torch_compile.collective_graph import SegmentedGraph, schedule_for_overlap
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "compiled_funcol.py"

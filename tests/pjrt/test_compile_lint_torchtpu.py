@@ -18,7 +18,7 @@ HERE = __file__.rsplit("/", 1)[-1]
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> None:
-    from tpusim.backend.compile import reset_stats
+    from tpusim.backend.torch_compile.jax_backend import reset_stats
 
     reset_stats()
 

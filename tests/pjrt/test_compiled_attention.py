@@ -1,5 +1,6 @@
-"""SDPA in torch.compile(backend="tpu") graphs: one fused op forward and backward (tpusim/backend/flash_attention.py),
-numerics equal to CPU's SDPA, and priced by the flash-attention rule (no s x t tensor through HBM)."""
+"""SDPA in torch.compile(backend="tpu") graphs: one fused op forward and backward
+(tpusim/backend/aten/flash_attention.py), numerics equal to CPU's SDPA, and priced by the flash-attention rule
+(no s x t tensor through HBM)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> None:
-    from tpusim.backend.compile import reset_stats
+    from tpusim.backend.torch_compile.jax_backend import reset_stats
 
     reset_stats()
 
@@ -48,8 +49,8 @@ def test_compiled_attention_is_one_fused_op_each_way_and_matches_cpu(causal, mas
 
 
 def test_fused_attention_is_priced_as_flash_attention():
-    from tpusim.backend.compile import JaxGraph
-    from tpusim.backend.program import program_of
+    from tpusim.backend.program_trace.compiled_program import program_of
+    from tpusim.backend.torch_compile.jax_backend import JaxGraph
 
     def attend(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(a, b, c, is_causal=True)

@@ -11,14 +11,14 @@ from torch.utils.checkpoint import checkpoint
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> None:
-    from tpusim.backend.compile import reset_stats
+    from tpusim.backend.torch_compile.jax_backend import reset_stats
 
     reset_stats()
 
 
 def _programs(checkpointed: bool) -> tuple[dict, torch.Tensor]:
-    from tpusim.backend.compile import JaxGraph
-    from tpusim.backend.program import program_of
+    from tpusim.backend.program_trace.compiled_program import program_of
+    from tpusim.backend.torch_compile.jax_backend import JaxGraph
 
     torch.manual_seed(0)
     block = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 64))

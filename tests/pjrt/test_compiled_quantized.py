@@ -9,7 +9,7 @@ import torch
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> None:
-    from tpusim.backend.compile import reset_stats
+    from tpusim.backend.torch_compile.jax_backend import reset_stats
 
     reset_stats()
 

@@ -98,7 +98,7 @@ def _xla_cost(op: object, args: tuple) -> dict:
 
 
 def _tpusim_cost(op: object, args: tuple) -> tuple[float, float, float]:
-    from tpusim.backend import costs
+    from tpusim.backend.program_trace import costs
 
     out = op(*args)
     outs = [o for o in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(o, torch.Tensor)]

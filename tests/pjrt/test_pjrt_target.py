@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from models import ElementwiseMLP, SmallTransformer, mlp_batch, train, transformer_batch
 
 import tpusim
-from tpusim.backend import debug
+from tpusim.backend.dispatch import debug_mode
 
 MODES = ["strict", "fused"]
 
@@ -108,7 +108,7 @@ def test_ops_without_lowering_fall_back_with_a_warning(pjrt_mode: object, monkey
 def test_debug_mode_checks_each_result_after_jax_ran_it(pjrt_mode: object) -> None:
     x = torch.tensor([1.0, -1.0], device="tpu")
     y = x.exp()                                              # finite: passes the check
-    with pytest.raises(debug.TpuNonFiniteError, match="aten::log .*1 NaN"):
+    with pytest.raises(debug_mode.TpuNonFiniteError, match="aten::log .*1 NaN"):
         x.log()
     assert pjrt_mode.mode() == "debug" and pjrt_mode.stats().executions == 2
     torch.testing.assert_close(y.cpu(), torch.tensor([1.0, -1.0]).exp())

@@ -13,15 +13,15 @@ Settings come from the TPUSIM_* environment variables at import, or from a calle
 tensor: ``tb.configure(tb.DeviceConfig(chip=tpusim.hardware.spec.load_chip("v5e"), numerics=False))``
 (``tb.load_config(chip=...)``: the given fields, the rest from the environment).
 
-Map: shim.py (compile/load csrc/), device.py (registration, ``configure``), config.py (the typed
-``DeviceConfig``; TPUSIM_* variables), state.py (process state, the held target), tpu_module.py
-(torch.tpu), fallback.py (the boxed fallback), schema.py (what an overload's schema says),
-kernels.py (hand-written kernels table), targets/ (what computes op values: sim, pjrt),
-policy.py (float64), debug.py (debug eager mode: NaN/Inf check and log per op), costs.py (tensors
-as the shared cost rules' metadata), recorder.py (trace), native_hooks.py (the shim's item/copy events), source.py (user
-source lines), compiler.py (Dynamo/Inductor takeover), import_hooks.py (post-import hooks),
-compile.py + program.py + lowering/ (torch.compile), distributed/ (c10d), torchtpu/ (TorchTPU's
-torch.tpu names; torch.tpu.distributed, .compiler, .ops).
+Rooms (each sub-package's docstring maps its modules; each imports only the rooms below it, pyproject.toml's
+"backend's rooms" contract): device/ (registration and ``configure``, torch.tpu, Dynamo's and Inductor's "tpu"
+entries, exit, the measured run's worker), torch_compile/ (``backend="tpu"``: Dynamo graph -> JAX -> one XLA
+program), distributed/ (the c10d backend "tpusim"), torchtpu/ (TorchTPU's torch.tpu names), targets/ (what
+computes op values: sim, pjrt), dispatch/ (the boxed fallback and what runs at each eager op: --numerics tpu,
+debug mode's check, offloads, RNN layers), program_trace/ (the recorder, op costs, priced programs, phases),
+lowering/ (ATen -> JAX), aten/ (per-op facts and additions: schema, hand-written kernels, shape functions, fused
+attention, float64 policy), plumbing/ (settings, process state, the shim's loader for csrc/, hooks, user source
+lines). csrc/ is the C++ shim.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _autoload() -> None:
 
 
 
-from tpusim.backend.device import register as _register  # noqa: E402
+from tpusim.backend.device.registration import register as _register  # noqa: E402
 
 
 def _autoloading() -> bool:
@@ -59,15 +59,15 @@ except Exception as _err:  # at `import torch`, warn instead of breaking torch f
     _warnings.warn(f"tpusim: the tpu device was not registered during `import torch`: {_err} "
                    f"(TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns the autoload off)", RuntimeWarning, stacklevel=2)
 
-from tpusim.backend.config import DeviceConfig, load_config  # noqa: E402
-from tpusim.backend.debug import TpuNonFiniteError  # noqa: E402
-from tpusim.backend.device import configure  # noqa: E402
-from tpusim.backend.phases import phase  # noqa: E402
-from tpusim.backend.policy import TpuFloat64Warning, non_native_ops  # noqa: E402
-from tpusim.backend.recorder import Recording, recording, start, step, stop  # noqa: E402
+from tpusim.backend.aten.float64_policy import TpuFloat64Warning, non_native_ops  # noqa: E402
+from tpusim.backend.device.registration import configure  # noqa: E402
+from tpusim.backend.dispatch.debug_mode import TpuNonFiniteError  # noqa: E402
+from tpusim.backend.plumbing.config import DeviceConfig, load_config  # noqa: E402
+from tpusim.backend.program_trace.phases import phase  # noqa: E402
+from tpusim.backend.program_trace.recorder import Recording, recording, start, step, stop  # noqa: E402
 
 __all__ = ["DeviceConfig", "Recording", "TpuFloat64Warning", "TpuNonFiniteError", "configure", "load_config",
            "non_native_ops", "phase", "recording", "start", "step", "stop"]
 
 
-from tpusim.backend.compile import compile_stats, dump_stablehlo  # noqa: E402,F401  (torch.compile backend="tpu")
+from tpusim.backend.torch_compile.jax_backend import compile_stats, dump_stablehlo  # noqa: E402,F401  (torch.compile backend="tpu")

@@ -27,14 +27,14 @@ from importlib import resources
 RECORDED_AS = {"convolution_overrideable": "convolution",
                "convolution_backward_overrideable": "convolution_backward"}
 
-# Ops tpusim records whole (it registers them so CPU's kernel runs: tpusim/backend/fallback.py's
+# Ops tpusim records whole (it registers them so CPU's kernel runs: tpusim/backend/dispatch/fallback.py's
 # composite_shadowed) although PyTorch has a CompositeExplicitAutograd kernel for them that a backend without
 # one, TorchTPU included, runs instead: their parts reach TorchTPU, not these names (tests/backend checks
 # the list against torch's dispatcher).
 DECOMPOSED_BY_PYTORCH = frozenset({"native_group_norm", "addr", "_stack", "linalg__powsum"})
 
 # The recorded ops that are one scaled_dot_product_attention call's forward (query, key, value first):
-# eager (tpusim/backend/csrc/attention.cpp's choice) and torch.compile'd (tpusim/backend/flash_attention.py).
+# eager (tpusim/backend/csrc/attention.cpp's choice) and torch.compile'd (tpusim/backend/aten/flash_attention.py).
 ATTENTION_FORWARD_OPS = frozenset({"aten::_scaled_dot_product_fused_attention_overrideable",
                                    "aten::_scaled_dot_product_flash_attention_for_cpu",
                                    "aten::_scaled_dot_product_efficient_attention", "tpusim::attention"})

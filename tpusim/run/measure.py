@@ -7,7 +7,7 @@ to set beside the prediction:
   process may hold the chips, and they must stay free for the measured runs.
   (Which tpusim chip a TPU's ``device_kind`` is comes from the chip files:
   ``tpusim.hardware.spec.chip_for_device_kind``, so the script is priced on the chip it really runs on.)
-- ``measure_mode``: the script run for real in ``python -m tpusim.backend.measure_worker``
+- ``measure_mode``: the script run for real in ``python -m tpusim.backend.device.measure_worker``
   with ``TPUSIM_TARGET=pjrt`` and ``TPUSIM_EAGER_MODE=<mode>``. A fresh process per mode starts
   every mode cold (its own jit caches) and records nothing, so no recording overhead distorts the
   clock. The script's stdout and stderr pass straight through; the worker writes its step times as
@@ -30,7 +30,7 @@ from tpusim.errors import TpusimError
 from tpusim.hardware.spec import ChipSpec
 from tpusim.report.measured import JaxDevice, ModeRun
 
-WORKER = "tpusim.backend.measure_worker"
+WORKER = "tpusim.backend.device.measure_worker"
 INSTALL_HINT = 'pip install "jax[cpu]==0.10.2" (tpusim installs it: reinstall with pip install -e .)'
 INTERRUPTED = 130                      # the exit code of a run stopped by Ctrl-C (as the shell reports it)
 TIMED_OUT = 124                        # the exit code of a run stopped by --pjrt-timeout (as timeout(1) reports it)
@@ -68,7 +68,7 @@ def probe_device(timeout_s: float | None = 600.0) -> JaxDevice:
 def worker_env(mode: str, chip: ChipSpec, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a measured run: the PJRT target in ``mode`` on ``chip`` (the ChipSpec itself, so a
     chip loaded from a file works), handed over as the device's serialised config (``TPUSIM_DEVICE_CONFIG``,
-    tpusim/backend/config.py: fields not given take their defaults)."""
+    tpusim/backend/plumbing/config.py: fields not given take their defaults)."""
     env = dict(os.environ if base is None else base)
     config = {"chip": dataclasses.asdict(chip), "target": "pjrt", "eager_mode": mode, "numerics": True}
     env.update({"TPUSIM_DEVICE_CONFIG": json.dumps(config, sort_keys=True), "TPUSIM_EAGER_MODE": mode,

@@ -148,7 +148,7 @@ def _configure(options: dict[str, Any]) -> TpuDevice:
     import torch
 
     import tpusim.backend as backend
-    from tpusim.backend.state import STATE
+    from tpusim.backend.plumbing.state import STATE
     from tpusim.eager import state as eager
     from tpusim.eager.modes import get_mode
     from tpusim.slice.topology import build_slice, load_chip_arg

@@ -7,7 +7,7 @@ the PJRT fused target), lint and the validation cases (tpusim/validate) all ask 
 how much work is it?". They read the answer here; the recorder stores the family in each
 ``OpRecord.family``, so the simulator never works it out again from a name. The rules read recorded tensor
 metadata (shapes, dtype names, bytes: ``TensorMeta``, ``cost_rules.Meta``) and plain argument values, so
-pricing code outside the backend calls the same rules as the backend (tpusim/backend/costs.py, which only
+pricing code outside the backend calls the same rules as the backend (tpusim/backend/program_trace/costs.py, which only
 turns torch tensors into metadata). The shape formulas themselves are in tpusim/trace/cost_rules.py.
 
 Families (``Family``), with the TensorCore unit that runs them and their fusion role:
@@ -133,7 +133,7 @@ OPS: dict[str, Op] = _table(
      "_scaled_dot_product_fused_attention_overrideable": Op(A, rules.sdpa_unfused(False)),
      "_scaled_dot_product_flash_attention_for_cpu_backward": Op(A, rules.torchtpu_flash(7, True)),
      "_scaled_dot_product_fused_attention_overrideable_backward": Op(A, rules.sdpa_unfused(True)),
-     # tpusim's own fused attention (tpusim/backend/flash_attention.py): (q, k, v, mask, dropout, causal, scale)
+     # tpusim's own fused attention (tpusim/backend/aten/flash_attention.py): (q, k, v, mask, dropout, causal, scale)
      # and (grad, q, k, v, mask, out, lse, causal, scale)
      "tpusim::attention": Op(A, rules.sdpa(5)), "tpusim::attention_backward": Op(A, rules.sdpa_backward(7))},
     # ---- reductions (VPU): read more than they write; one per fused kernel

@@ -66,7 +66,7 @@ UNITS = ("mxu", "vpu", "sparsecore", "dma")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
                "permute", "barrier")
 HOST_EVENTS = ("sync", "h2d", "d2h", "dispatch")
-OFFLOAD_REASON = "offload"   # reason of a d2h that keeps an activation on the host (tpusim/backend/offload.py)
+OFFLOAD_REASON = "offload"   # reason of a d2h that keeps an activation on the host (tpusim/backend/dispatch/offload.py)
 MODE_CHANGE_REASON = "eager_mode:"  # + the new mode: reason of the dispatch record marking a change of eager mode
 PHASE_REASON = "phase:"  # + a PHASES name or "end": a zero-second dispatch record marking an inference phase
 PHASES = ("prefill", "decode")   # tpusim.backend.phase(); "decode" marks one output-token step of the batch
@@ -137,7 +137,7 @@ class HostRecord:
     source: str = ""
     rank: int = 0
     # h2d / d2h copies (absent in older traces): the device storage the copy reads (d2h) or writes (h2d); the host
-    # buffer, when it is one an offload wrote (d2h reason "offload": tpusim/backend/offload.py; 0: none); and
+    # buffer, when it is one an offload wrote (d2h reason "offload": tpusim/backend/dispatch/offload.py; 0: none); and
     # whether it was asked non_blocking (the engine runs it on the PCIe link beside compute, no host stall)
     storage: int = 0
     host: int = 0
@@ -466,7 +466,7 @@ class RanksOne:
 
 @dataclass(frozen=True)
 class GraphBreak:
-    """A torch.compile graph break: Dynamo's reason and the user's line (built by tpusim/backend/compile.py)."""
+    """A torch.compile graph break: Dynamo's reason and the user's line (built by backend/torch_compile/)."""
 
     reason: str
     source: str             # "file:line" of the user's code where Dynamo broke the graph
@@ -474,7 +474,7 @@ class GraphBreak:
 
 @dataclass(frozen=True)
 class DynamoRecompile:
-    """A function Dynamo traced again, and the guard that failed (built by tpusim/backend/compile.py)."""
+    """A function Dynamo traced again, and the guard that failed (built by backend/torch_compile/)."""
 
     function: str           # "name (file:line)"
     reason: str             # the guard that failed
@@ -490,7 +490,8 @@ class EagerGraph:
 
 @dataclass(frozen=True)
 class CompileFacts:
-    """What torch.compile did in the program (tpusim/backend/compile.py); tpusim/report/lint.py warns about it."""
+    """What torch.compile did in the program (tpusim/backend/torch_compile/jax_backend.py); tpusim/report/lint.py
+    warns about it."""
 
     graphs: int = 0
     graph_breaks: tuple[GraphBreak, ...] = ()
@@ -572,7 +573,7 @@ class TraceMeta:
     xla_ops: tuple[XlaModule, ...] | None = None      # each distinct eager op's (label: its op_signature)
     trained_parameters: int | None = None   # parameters an optimizer step updated on tpu (a DTensor: its global
                                             # size), for model FLOPs (6 x parameters x tokens)
-    host_peak_bytes: int | None = None      # peak host memory held by offloaded tensors (tpusim/backend/offload.py);
+    host_peak_bytes: int | None = None      # peak host memory held by offloaded tensors (backend/dispatch/offload.py);
                                             # only when the program offloaded
 
     def __post_init__(self) -> None:

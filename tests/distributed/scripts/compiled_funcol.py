@@ -55,7 +55,7 @@ if os.environ.get("TPUSIM_NUMERICS", "on") != "off":
 else:                                   # numerics off: an eager reader of every output waits for its collective
     sum(o.sum() for o in out)
     sum(o.sum() for o in compiled(x.to("tpu"), w.to("tpu")))
-from tpusim.backend.compile import compile_stats  # noqa: E402
+from tpusim.backend.torch_compile.jax_backend import compile_stats  # noqa: E402
 
 print("GRAPHS " + json.dumps([{"lowered": g.lowered, "segments": g.segments, "collectives": g.collectives}
                               for g in compile_stats().graphs]))

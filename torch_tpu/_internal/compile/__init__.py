@@ -1,4 +1,5 @@
-"""``torch_tpu._internal.compile``: ``TpuBackend``, TorchTPU's torch.compile backend object (tpusim/backend/compile.py).
+"""``torch_tpu._internal.compile``: ``TpuBackend``, TorchTPU's torch.compile backend object
+(tpusim/backend/torch_compile/jax_backend.py).
 
 ``torch.compile(model, backend=TpuBackend())`` is ``backend="tpu"``: tpusim's backend, with the
 options given to the object (TorchTPU's ``options``) applied to every graph.
@@ -8,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from tpusim.backend.compile import tpu_backend
+from tpusim.backend.torch_compile.jax_backend import tpu_backend
 
 
 class TpuBackend:

@@ -1,6 +1,6 @@
 """``torch_tpu._internal.device._device_module``: ``DeviceModule``, the class behind TorchTPU's ``torch.tpu``.
 
-Its class methods are ``torch.tpu``'s functions (tpusim/backend/tpu_module.py). The runtime hooks TorchTPU's
+Its class methods are ``torch.tpu``'s functions (tpusim/backend/device/tpu_module.py). The runtime hooks TorchTPU's
 notebooks call to restart a TPU (``_init_runtime_options``, ``_shutdown_runtime``) do nothing: the simulated
 device is ready from ``import torch`` to the end, so ``is_initialized()`` is always True.
 """

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from tpusim.backend.compile import dump_stablehlo
+from tpusim.backend.torch_compile.jax_backend import dump_stablehlo
 from tpusim.backend.torchtpu import tracing
 from tpusim.backend.torchtpu.checks import CheckValueMode, Tolerance, assert_close
 from tpusim.backend.torchtpu.modes import EagerMode

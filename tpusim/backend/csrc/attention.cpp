@@ -12,11 +12,11 @@
 //     which the fallback runs as CPU's own flash kernel (CPU-exact; it takes grouped K/V too);
 //  2. else, with math or the overrideable backend enabled, TorchTPU's StableHLO "optimized MATH" path
 //     (SDPBackend.OVERRIDEABLE) for floating inputs of one rank >= 4 without dropout: PyTorch calls
-//     _scaled_dot_product_fused_attention_overrideable, run by tpusim/backend/kernels.py as CPU's flash
+//     _scaled_dot_product_fused_attention_overrideable, run by tpusim/backend/aten/handwritten_kernels.py as CPU's flash
 //     kernel for the values and priced as the scores through HBM (tpusim/trace/cost_rules.py, sdpa_math);
 //  3. else PyTorch's math decomposition (bmm + softmax + bmm).
 // Under torch.compile's tracing (fake or functional tensors: the Python key) the math path is traced, so the
-// graph holds ops the JAX lowering has; tpusim/backend/flash_attention.py then rewrites it to one fused op.
+// graph holds ops the JAX lowering has; tpusim/backend/aten/flash_attention.py then rewrites it to one fused op.
 #include <ATen/ATen.h>
 #include <ATen/native/transformers/attention.h>
 

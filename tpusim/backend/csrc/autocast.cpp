@@ -1,6 +1,6 @@
 // torch.autocast("tpu"): the same op lists as CUDA (matmuls/convolutions in the low-precision
 // dtype, numerically sensitive ops in float32). The low-precision dtype defaults to bfloat16,
-// the TPU's (set in tpusim/backend/device.py with torch.set_autocast_dtype).
+// the TPU's (set in tpusim/backend/device/registration.py with torch.set_autocast_dtype).
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>

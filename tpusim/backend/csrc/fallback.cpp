@@ -2,20 +2,20 @@
 //
 // The common call never enters Python: the op runs as its CPU kernel (meta in shape-only mode)
 // on zero-copy host aliases of its tpu tensors, its results are mapped back to the device
-// exactly as tpusim/backend/fallback.py's docstring describes (aliases of an input become that input,
+// exactly as tpusim/backend/dispatch/fallback.py's docstring describes (aliases of an input become that input,
 // fresh results are adopted, written arguments get the kernel's shape and bytes; random ops draw
 // from the device's generator), and, while recording, the op goes into the recording log
 // (record.cpp) with its user source line. In shape-only mode the results of a signature seen
 // before are made without running the (often Python) meta kernel again.
 //
-// Everything else is handed to the Python fallback (tpusim/backend/fallback.py), called as a Python
+// Everything else is handed to the Python fallback (tpusim/backend/dispatch/fallback.py), called as a Python
 // fallback registered with torch.library would be: ops its plan sends there (hand-written
 // kernels, device arguments, ops outside aten; asked once per overload), calls only
 // it handles (float64/complex tensors: the policy; tensors of two devices: the error; CPU
 // tensors: index ops; tensor subclasses and dispatch modes), and every call while the simulator
 // target is not held or debug eager mode is on (set_fast). In shape-only mode a kernel error is
 // rerun there, so the user reads the Python fallback's explanation of it. Costs whose rule reads
-// an op's arguments are asked of tpusim/backend/recorder.py once per signature (shaped_cost).
+// an op's arguments are asked of tpusim/backend/program_trace/recorder.py once per signature (shaped_cost).
 #include "tpu_shim.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -48,14 +48,14 @@ namespace py = pybind11;
 using c10::DispatchKey;
 
 std::atomic<bool> g_fast{false};
-PyObject* g_python_fallback = nullptr;  // tpusim/backend/fallback.py fallback(op, *args, **kwargs)
-PyObject* g_planner = nullptr;          // tpusim/backend/fallback.py native_plan("aten::add.Tensor") -> tuple
-PyObject* g_shaped_cost = nullptr;      // tpusim/backend/recorder.py shaped_cost(name, inputs, outputs, args)
+PyObject* g_python_fallback = nullptr;  // tpusim/backend/dispatch/fallback.py fallback(op, *args, **kwargs)
+PyObject* g_planner = nullptr;          // tpusim/backend/dispatch/fallback.py native_plan("aten::add.Tensor") -> tuple
+PyObject* g_shaped_cost = nullptr;      // tpusim/backend/program_trace/recorder.py shaped_cost(name, inputs, outputs, args)
 
 // ---------------------------------------------------------------- fused RNN cells
 //
 // ATen hands an accelerator's LSTM/GRU cell arithmetic to one op, _thnn_fused_*_cell, whose only kernels
-// are CUDA's. tpusim/backend/kernels.py defines them for the device as the sequence of CPU ops CPU's own cells
+// are CUDA's. tpusim/backend/aten/handwritten_kernels.py defines them for the device as the sequence of CPU ops CPU's own cells
 // run (so a cell on tpu gives CPU's bits); these are the same sequences, op for op, for the C++ path:
 // the Python ones cost a Python call per time step (tests/backend/test_fallback_speed_invariants.py
 // checks the two give the same bits). Each pops its arguments (host aliases) and pushes its results.
@@ -141,7 +141,7 @@ void gru_cell_backward(torch::jit::Stack* stack) {  // (grad_hy, workspace, has_
                    bias ? at::sum(grad_hidden, c10::IntArrayRef{0}) : at::Tensor());
 }
 
-// Adding a native kernel = one row here (and its Python twin in tpusim/backend/kernels.py).
+// Adding a native kernel = one row here (and its Python twin in tpusim/backend/aten/handwritten_kernels.py).
 const std::unordered_map<std::string, NativeKernel>& native_kernels() {
   static const std::unordered_map<std::string, NativeKernel> table{
       {"aten::_thnn_fused_lstm_cell", &lstm_cell},
@@ -152,12 +152,12 @@ const std::unordered_map<std::string, NativeKernel>& native_kernels() {
   return table;
 }
 
-// What the fallback needs to know about one overload, from tpusim/backend/fallback.py's plan (asked once).
+// What the fallback needs to know about one overload, from tpusim/backend/dispatch/fallback.py's plan (asked once).
 struct Plan {
   PyObject* op = nullptr;        // the OpOverload
   PyObject* name = nullptr;      // "aten::add": the recorded name
   bool python = true;            // always the Python fallback
-  bool shaped = false;           // its cost rule reads its arguments (tpusim/backend/costs.py): priced at the op
+  bool shaped = false;           // its cost rule reads its arguments (tpusim/backend/program_trace/costs.py): priced at the op
   bool mutable_kw = false;       // it writes kwarg-only (out=) arguments: kwarg tensors are not inputs
   bool views = false;            // a result may alias an input without writing it (a view op)
   bool random = false;           // it draws random numbers: from the device's generator
@@ -172,7 +172,7 @@ std::mutex g_plan_mu;
 std::unordered_map<c10::OperatorHandle, std::unique_ptr<Plan>> g_plans;
 
 std::unique_ptr<Plan> ask_plan(const c10::OperatorHandle& op) {
-  TORCH_CHECK(g_planner != nullptr, "tpusim: the tpu device's fallback is not installed (tpusim/backend/fallback.py)");
+  TORCH_CHECK(g_planner != nullptr, "tpusim: the tpu device's fallback is not installed (tpusim/backend/dispatch/fallback.py)");
   const auto& name = op.operator_name();
   const std::string qualified = name.name + "." + (name.overload_name.empty() ? "default" : name.overload_name);
   const auto& arguments = op.schema().arguments();
@@ -330,7 +330,7 @@ void call_python(const c10::OperatorHandle& op, const Plan& plan, torch::jit::St
 
 // ---------------------------------------------------------------- the C++ path
 
-bool non_native(c10::ScalarType st) {  // tpusim/backend/policy.py NON_NATIVE_DTYPES
+bool non_native(c10::ScalarType st) {  // tpusim/backend/aten/float64_policy.py NON_NATIVE_DTYPES
   return st == c10::kDouble || st == c10::kComplexHalf || st == c10::kComplexFloat || st == c10::kComplexDouble;
 }
 
@@ -469,7 +469,7 @@ struct Call {
 
 // ---------------------------------------------------------------- costs of shaped ops
 
-// A shaped cost rule (tpusim/backend/costs.py) reads the shapes, dtypes and sizes of an op's tensors and its
+// A shaped cost rule (tpusim/backend/program_trace/costs.py) reads the shapes, dtypes and sizes of an op's tensors and its
 // other arguments, never values: its Cost is kept per (op, those facts), so the rule runs once per
 // signature. A key word per fact; arguments of a kind not listed here make the call uncached.
 struct KeyHash {
@@ -775,7 +775,7 @@ void push_results(torch::jit::Stack* stack, const Signature& sig, const std::vec
 // ---------------------------------------------------------------- random ops
 
 // A random op draws from the device's generator (the call's Generator? if it is a tpu one, else the
-// device's default), through CPU's default generator, as tpusim/backend/fallback.py's _run_random does: the
+// device's default), through CPU's default generator, as tpusim/backend/dispatch/fallback.py's _run_random does: the
 // device generator's state goes into CPU's for the kernel and comes back after, so a seeded tpu
 // program draws what the CPU one draws. A CPU generator passed in is used as it is.
 struct DrawFrom {
@@ -968,7 +968,7 @@ void record_call(const c10::OperatorHandle& op, const Plan& plan, torch::jit::St
   }
   const size_t rbase = stack->size() - nret;
 
-  // What the recorder records (tpusim/backend/fallback.py's record_op call): outputs in return order, then
+  // What the recorder records (tpusim/backend/dispatch/fallback.py's record_op call): outputs in return order, then
   // written arguments not returned; tpu tensors only.
   std::vector<at::Tensor> outs;
   for (size_t r = 0; r < nret; ++r) {
@@ -1004,7 +1004,7 @@ void record_call(const c10::OperatorHandle& op, const Plan& plan, torch::jit::St
   log_op(plan.name, call.inputs, outs, source, cost);
 }
 
-// At interpreter exit (tpusim/backend/shutdown.py), a thread other than the exiting one that still runs tpu ops
+// At interpreter exit (tpusim/backend/device/shutdown.py), a thread other than the exiting one that still runs tpu ops
 // (a daemon thread's loop) parks here for good, without the GIL. Why: returning to Python after finalization
 // began, it would take the GIL, and Python ends such a thread mid-unwind: "terminate called without an active
 // exception", exit 134, after the script succeeded. A parked thread ends with the process.

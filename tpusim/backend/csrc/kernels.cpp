@@ -311,7 +311,7 @@ std::vector<at::Tensor> to_device(const std::vector<at::Tensor>& outs, c10::Devi
       const size_t n = si->nbytes();
       TORCH_CHECK(config().no_data || n == 0 || si->data() != nullptr, "tpusim: an op returned a tensor of shape ",
                   o.sizes(), " whose ", n, " bytes have no memory", o._is_zerotensor() ? " (a ZeroTensor)" : "",
-                  "; the tpu device cannot adopt it. Add a kernel for the op in tpusim/backend/kernels.py.");
+                  "; the tpu device cannot adopt it. Add a kernel for the op in tpusim/backend/aten/handwritten_kernels.py.");
       c10::DataPtr dp = config().no_data
                             ? allocate_on(n, device)
                             : adopt_host_storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(si), n, device);

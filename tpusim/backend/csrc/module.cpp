@@ -1,4 +1,4 @@
-// Python bindings of the shim (imported as tpusim.backend's compiled module; see tpusim/backend/shim.py).
+// Python bindings of the shim (imported as tpusim.backend's compiled module; see tpusim/backend/plumbing/shim.py).
 #include "tpu_shim.h"
 
 #include <torch/csrc/Generator.h>

@@ -1,4 +1,4 @@
-// The recording log of the "tpu" device: what tpusim/backend/recorder.py turns into the program trace.
+// The recording log of the "tpu" device: what tpusim/backend/program_trace/recorder.py turns into the program trace.
 //
 // While a recording is on, the device appends here, in the order things happen: allocations and
 // frees of device memory (runtime.cpp), the ops the C++ fallback ran (fallback.cpp), copies
@@ -10,7 +10,7 @@
 // whoever sees them (ops here, collectives and compiled programs through record_metas).
 //
 // Each event carries the user's source line: the first Python frame outside torch and tpusim,
-// walked here (tpusim/backend/source.py says which files are internal, once per code object). A backward op (run
+// walked here (tpusim/backend/plumbing/source.py says which files are internal, once per code object). A backward op (run
 // by the autograd engine, on its device thread or the caller's) is attributed to the forward line that created its
 // autograd node: each forward line is kept by the node's (thread, sequence number), the pair the profiler uses to
 // tie a backward node to its forward op; failing that (a node no recorded op created), to the line the main thread
@@ -192,7 +192,7 @@ struct CodeInfo {
   PyObject* base;  // the file's base name
 };
 
-PyObject* g_is_internal = nullptr;  // tpusim/backend/source.py is_internal_file
+PyObject* g_is_internal = nullptr;  // tpusim/backend/plumbing/source.py is_internal_file
 PyObject* g_tensor_str = nullptr;   // torch/_tensor_str.py: a frame there means a print
 unsigned long g_main_ident = 0;
 std::unordered_map<PyObject*, CodeInfo> g_codes;  // code objects stay alive (a reference each)
@@ -297,7 +297,7 @@ void configure_source(py::object is_internal, py::object tensor_str, unsigned lo
 }
 
 PyObject* user_source(bool* printing) {
-  TORCH_CHECK(g_is_internal != nullptr, "tpusim: the source walk is not configured (tpusim/backend/source.py)");
+  TORCH_CHECK(g_is_internal != nullptr, "tpusim: the source walk is not configured (tpusim/backend/plumbing/source.py)");
   PyThreadState* ts = PyThreadState_Get();
   const bool main = ts->thread_id == g_main_ident;
   if (main) {
@@ -507,7 +507,7 @@ void log_native(const char* kind, const at::Tensor& a, const at::Tensor* b, bool
 }
 
 // In a pack hook now? The thread's saved-tensors hook stack first (no Python when empty), then
-// tpusim/backend/offload.py's check of the Python stack for the top pack hook's frame.
+// tpusim/backend/dispatch/offload.py's check of the Python stack for the top pack hook's frame.
 PyObject* g_in_pack_hook = nullptr;
 
 bool in_pack_hook() {
@@ -531,12 +531,12 @@ int64_t record_host_peak() {
   return g_host_peak;
 }
 
-// ---------------------------------------------------------------- reading the log (tpusim/backend/recorder.py)
+// ---------------------------------------------------------------- reading the log (tpusim/backend/program_trace/recorder.py)
 
 namespace {
 
-// The record classes (tpusim.trace.records MemoryRecord, TensorMeta, OpRecord, HostRecord), tpusim/backend/costs.py's
-// counted_cost and the copy's family, set by tpusim/backend/recorder.py.
+// The record classes (tpusim.trace.records MemoryRecord, TensorMeta, OpRecord, HostRecord), tpusim/backend/program_trace/costs.py's
+// counted_cost and the copy's family, set by tpusim/backend/program_trace/recorder.py.
 PyObject* g_memory_record = nullptr;
 PyObject* g_tensor_meta = nullptr;
 PyObject* g_op_record = nullptr;
@@ -782,7 +782,7 @@ PyObject* bytes_of(PyObject* given, const std::vector<int32_t>& refs, int32_t fi
   return PyFloat_FromDouble(static_cast<double>(total));
 }
 
-// An op's OpRecord, as tpusim/backend/recorder.py's _op_record makes it.
+// An op's OpRecord, as tpusim/backend/program_trace/recorder.py's _op_record makes it.
 PyObject* op_record(Py_ssize_t seq, const Event& e, const std::vector<int32_t>& refs, const CostFacts& cost) {
   PyObject* dtype = cost.dtype;
   if (dtype == nullptr) {
@@ -844,7 +844,7 @@ void record_stop() {
 }
 
 // (new tensor metas, records) since the last drain, the records numbered from `seq` on: each event as
-// the record tpusim/backend/recorder.py appends (OpRecord, MemoryRecord, HostRecord), untracked by the
+// the record tpusim/backend/program_trace/recorder.py appends (OpRecord, MemoryRecord, HostRecord), untracked by the
 // garbage collector; an op's cost is the one computed at the op, else costs.counted_cost's.
 py::tuple record_drain(Py_ssize_t seq) {
   const Names& n = names();
@@ -940,7 +940,7 @@ py::tuple record_metas(const std::vector<at::Tensor>& tensors) {
   return py::make_tuple(metas_to_py(new_metas), std::move(out));
 }
 
-// A fresh tensor id, for values that live only inside a compiled program (tpusim/backend/recorder.py).
+// A fresh tensor id, for values that live only inside a compiled program (tpusim/backend/program_trace/recorder.py).
 int64_t record_tensor_id() {
   std::lock_guard<std::mutex> lock(g_log_mu);
   return ++g_last_tid;

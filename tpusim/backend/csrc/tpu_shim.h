@@ -32,7 +32,7 @@ namespace tpusim {
 
 constexpr int kMaxDevices = 64;
 
-// Set once from Python (tpusim/backend/config.py) before the first tensor is made.
+// Set once from Python (tpusim/backend/plumbing/config.py) before the first tensor is made.
 struct Config {
   c10::DeviceIndex device_count = 1;
   int64_t hbm_bytes = 0;        // per device; 0 = unlimited
@@ -97,7 +97,7 @@ extern NativeHook g_native_hook;
 void set_fast(bool on);        // the simulator target is held outside debug eager mode: ops may stay in C++
 void set_meta_cache(bool on);  // shape-only mode: reuse an op's result shapes per signature (default on)
 
-// The recording log (record.cpp), drained by tpusim/backend/recorder.py
+// The recording log (record.cpp), drained by tpusim/backend/program_trace/recorder.py
 extern std::atomic<bool> g_recording;
 void log_memory(bool alloc, int64_t storage, int64_t bytes);
 // a, b: a copy's source and destination; non_blocking as asked; offload: a device->host copy that keeps an
@@ -105,7 +105,7 @@ void log_memory(bool alloc, int64_t storage, int64_t bytes);
 void log_native(const char* kind, const at::Tensor& a, const at::Tensor* b, bool non_blocking = false,
                 bool offload = false);
 // Whether a saved-tensors pack hook (save_on_cpu, saved_tensors_hooks) is running now (asks Python once the
-// thread's hook stack is non-empty; tpusim/backend/offload.py)
+// thread's hook stack is non-empty; tpusim/backend/dispatch/offload.py)
 bool in_pack_hook();
 // The user's source line (a str, never freed) and whether torch's tensor printing is on the way; GIL held.
 PyObject* user_source(bool* printing);

@@ -2,9 +2,9 @@
 
     import torch                                       # the device registers the "tpusim" name for "tpu",
     dist.init_process_group("tpusim")                  # and TorchTPU's "tpu_dist" and "tpu" for the same
-                                                       # backend (tpusim/backend/device.py); this package loads at
-                                                       # the first process group (or no backend: "tpusim"
-                                                       # is the default for tpu)
+                                                       # backend (tpusim/backend/device/registration.py);
+                                                       # this package loads at the first process group
+                                                       # (or no backend: "tpusim" is the default for tpu)
     mesh = init_device_mesh("tpu", (64, 8), mesh_dim_names=("fsdp", "tp"))
 
 Two ways to run a world (``TPUSIM_RANKS``, set by ``tpusim run --ranks``):
@@ -38,7 +38,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from tpusim.backend.distributed import dtensor_random, emit
 from tpusim.backend.distributed.hang import CollectiveMismatchError
 from tpusim.backend.distributed.process_group import TpusimProcessGroup
-from tpusim.backend.import_hooks import after_import
+from tpusim.backend.plumbing.import_hooks import after_import
 
 __all__ = ["BACKEND", "CollectiveMismatchError", "TpusimProcessGroup", "install"]
 
@@ -68,7 +68,7 @@ def _patch_init_process_group() -> None:
     """Under ``tpusim run`` (TPUSIM_RANKS set): a script written for torchrun runs unchanged.
 
     Its "nccl"/"gloo" backend becomes "tpusim" (the slice's interconnect; TorchTPU's "tpu_dist" and "tpu"
-    already are, registered by tpusim/backend/device.py), and with ``--ranks one``
+    already are, registered by tpusim/backend/device/registration.py), and with ``--ranks one``
     the rendezvous is a local HashStore, since the other ranks exist only in the simulator."""
     original = c10d.init_process_group
     if getattr(original, "_tpusim", False):

@@ -1,7 +1,7 @@
-"""The record budget under ``--ranks all``: each rank's recorder stops on its own budget (tpusim/backend/recorder.py);
-the rank's process writes where it stopped next to its trace (``write_stop``), and the merge
-(runner.record_all) cuts every rank's trace to what all of them recorded (``cut_to_step``) and carries
-one note saying which ranks stopped where (``merged_stop``).
+"""The record budget under ``--ranks all``: each rank's recorder stops on its own budget
+(tpusim/backend/program_trace/recorder.py); the rank's process writes where it stopped next to its trace
+(``write_stop``), and the merge (runner.record_all) cuts every rank's trace to what all of them recorded
+(``cut_to_step``) and carries one note saying which ranks stopped where (``merged_stop``).
 
 Why cut: ranks stop at their own record counts, so one rank's trace can hold a step (and its collectives)
 another's lacks; priced together, those collectives would wait for peers that never call them.

@@ -22,8 +22,8 @@ from types import ModuleType
 
 import torch
 
-from tpusim.backend.dispatch_mode import DeviceDispatchMode
-from tpusim.backend.state import STATE
+from tpusim.backend.dispatch.dispatch_mode import DeviceDispatchMode
+from tpusim.backend.plumbing.state import STATE
 
 
 def install(random_module: ModuleType) -> None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from tpusim.backend import recorder
-from tpusim.backend.source import user_source
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.source import user_source
+from tpusim.backend.plumbing.state import STATE
+from tpusim.backend.program_trace import recorder
 from tpusim.trace.records import Mesh
 
 MESHES: list[dict] = []

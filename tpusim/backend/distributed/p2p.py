@@ -39,7 +39,7 @@ from torch.futures import Future
 from tpusim.backend.distributed import numerics
 from tpusim.backend.distributed.hang import Call, Control
 from tpusim.backend.distributed.transport import Gloo
-from tpusim.backend.source import user_source
+from tpusim.backend.plumbing.source import user_source
 
 _CALLER_DEPTH = 8          # frames looked through for c10d's isend/irecv (our method, its caller, ...)
 

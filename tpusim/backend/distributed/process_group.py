@@ -40,8 +40,8 @@ from torch.futures import Future
 from tpusim.backend.distributed import emit, numerics, p2p
 from tpusim.backend.distributed.hang import Call, Control
 from tpusim.backend.distributed.transport import Gloo
-from tpusim.backend.source import user_source
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.source import user_source
+from tpusim.backend.plumbing.state import STATE
 from tpusim.backend.targets import flush_pending
 from tpusim.trace.records import InexactCollective, RanksOne
 

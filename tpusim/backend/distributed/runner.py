@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from tpusim.backend.distributed import budget, install
 from tpusim.backend.distributed.env import torchrun_env
 from tpusim.backend.distributed.launcher import LaunchResult, launch
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.state import STATE
 from tpusim.errors import TpusimError
 from tpusim.script import STOP_SIGNALS, ScriptOutcome
 from tpusim.trace.records import CollectiveRecord, StepMarker, Trace, TraceMeta, read_trace, renumber

@@ -19,9 +19,9 @@ import sys
 
 import torch  # noqa: F401  (before tpusim.backend: the device registers at `import torch`)
 
-import tpusim.backend as backend
 from tpusim.backend.distributed import budget, p2p, process_group
 from tpusim.backend.distributed.hang import CollectiveMismatchError
+from tpusim.backend.program_trace.recorder import recording
 from tpusim.script import ScriptOutcome, run_script
 from tpusim.trace.records import Trace, write_trace
 
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     # the control store's secret, from the launcher: kept out of the environment the script and its children see
     process_group.CONTROL_SECRET = os.environ.pop("TPUSIM_CONTROL_TOKEN", "")
-    with backend.recording() as rec:
+    with recording() as rec:
         outcome = run_script(args.script, list(args.args))
     outcome = finish_messages(outcome)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the script has ended: what it recorded is written whole

@@ -1,7 +1,7 @@
 """PyTorch's functional collectives as JAX collectives over one mesh axis, for a graph lowered whole.
 
 A torch.compile graph with functional collectives (DTensor, FSDP2, funcol) runs as segments with c10d
-between them (tpusim/backend/collective_graph.py). For the TPU compiler the same graph is also lowered
+between them (tpusim/backend/torch_compile/collective_graph.py). For the TPU compiler the same graph is also lowered
 whole, inside ``jax.shard_map`` over a one-axis mesh of the collectives' group (``AXIS``): every device runs
 the same per-device program, as tpusim's symmetry rule has it, and XLA schedules the collectives
 (async, overlapped, decomposed) as it would on a TPU. The table here is passed to ``jax_function`` as

@@ -45,6 +45,13 @@ def _index_put(x: jax.Array, indices: Sequence[jax.Array | None], values: jax.Ar
     return ref.add(values) if accumulate else ref.set(values)
 
 
+@register(aten._assert_async)
+def _assert_async(_condition: jax.Array, _message: str = "") -> None:
+    """``torch._assert_async`` (what ``F.one_hot``'s decomposition and bounds checks trace to) does nothing: a TPU
+    program has no device-side assert (XLA drops it), so a compiled graph checks nothing, as on a TPU."""
+    return None
+
+
 def _leading_mask(x: jax.Array, indices: Sequence[jax.Array | None]) -> jax.Array | None:
     """The boolean mask when the only index is one over ``x``'s leading dims (None otherwise)."""
     if len(indices) != 1 or indices[0] is None or indices[0].dtype != jnp.bool_:

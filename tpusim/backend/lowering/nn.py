@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from tpusim.backend import flash_attention  # noqa: F401  (defines torch.ops.tpusim.attention*)
+from tpusim.backend.aten import flash_attention  # noqa: F401  (defines torch.ops.tpusim.attention*)
 from tpusim.backend.lowering.dtypes import jax_dtype
 from tpusim.backend.lowering.matmul import precision
 from tpusim.backend.lowering.registry import register
@@ -586,7 +586,7 @@ def _summed(grad: jax.Array, kv: jax.Array) -> jax.Array:
 @register(torch.ops.tpusim.attention.default)
 def _fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, dropout_p: float,
                      causal: bool, scale: float | None) -> tuple[jax.Array, jax.Array]:
-    """tpusim/backend/flash_attention.py's fused attention: (output, log-sum-exp), scores in float32."""
+    """tpusim/backend/aten/flash_attention.py's fused attention: (output, log-sum-exp), scores in float32."""
     s = _masked_scores(q, _grouped(q, k), mask, causal, scale)
     out = jnp.matmul(jax.nn.softmax(s, axis=-1), _grouped(q, v).astype(jnp.float32), precision=precision())
     return out.astype(v.dtype), jax.nn.logsumexp(s, axis=-1)

@@ -6,7 +6,7 @@ op's returns. It must be traceable by ``jax.jit`` unless registered with ``jit=F
 output shape depends on values, like ``nonzero``). Adding an op = one ``@register`` on one
 function in the module of its family (elementwise, reductions, matmul, shape, indexing, nn,
 creation); an ``OpOverloadPacket`` registers every overload the function's signature accepts.
-What an overload writes and its functional counterpart come from tpusim/backend/schema.py.
+What an overload writes and its functional counterpart come from tpusim/backend/aten/op_schema.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tpusim.backend.schema import facts, functional_of
+from tpusim.backend.aten.op_schema import facts, functional_of
 
 OpKey = torch._ops.OpOverload | torch._ops.OpOverloadPacket
 

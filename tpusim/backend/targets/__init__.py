@@ -6,14 +6,14 @@
   pjrt_ops.py holds what both of its parts share (one op's computation, how results land).
 
 base.py has the ``Target`` interface and ``use``, which makes a target the held one
-(``STATE.target``); ``select`` names one. measure_worker.py is the measured side of
-``tpusim run --target pjrt``.
+(``STATE.target``); ``select`` names one. ../device/measure_worker.py is the measured side
+of ``tpusim run --target pjrt``.
 """
 
 from __future__ import annotations
 
-from tpusim.backend.config import TARGETS
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.config import TARGETS
+from tpusim.backend.plumbing.state import STATE
 from tpusim.backend.targets.base import Target
 from tpusim.backend.targets.sim import SIM
 

@@ -1,6 +1,6 @@
 """The ``Target`` interface: what computes the values of the tpu device's ops.
 
-The fallback (tpusim/backend/fallback.py) decides what a call is (host aliases of its tpu tensors, the
+The fallback (tpusim/backend/dispatch/fallback.py) decides what a call is (host aliases of its tpu tensors, the
 generator it draws from, the float64 policy, what to record); the held target decides how its
 values are computed. Exactly one target is held, in ``STATE.target``: chosen once at
 registration from the device config (``DeviceConfig.target``, TPUSIM_TARGET), or switched by
@@ -17,7 +17,7 @@ A target answers four calls:
   device memory (a collective, a compiled graph, a step's clock); ``reason`` names the cut
   (a ``tpusim.eager.windows.CUTS`` key);
 - ``on_mode_change(old, new)``: the eager mode changed (tpusim/eager/state.py); the device calls it
-  after debug mode applied its own part (tpusim/backend/device.py);
+  after debug mode applied its own part (tpusim/backend/device/registration.py);
 - ``activate()`` / ``deactivate()``: it becomes / stops being the held target (``use``);
   deactivating runs pending work first (cut ``end``).
 
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import torch
 
-from tpusim.backend.fallback import OverloadPlan
-from tpusim.backend.state import STATE
+from tpusim.backend.dispatch.fallback import OverloadPlan
+from tpusim.backend.plumbing.state import STATE
 
 
 class Target:

@@ -13,7 +13,7 @@ mode; a change at run time switches the execution here, running pending work fir
 - **strict**: one jitted computation per op signature (op, input shapes/dtypes, non-tensor
   arguments), executed at once; the result is written back to the tensor's host memory.
 - **debug**: as strict, so every result is in memory when the device's debug check
-  (tpusim/backend/debug.py: NaN/Inf at the op) reads it after the target ran the op.
+  (tpusim/backend/dispatch/debug_mode.py: NaN/Inf at the op) reads it after the target ran the op.
 - **fused**: the windows of tpusim.eager.fusion's Fused model, each traced into one jitted program
   (one XLA program, fused by XLA) and run at a cut: pjrt_fused.py, which also lists the cuts.
   Windows compile once per signature (op sequence, shapes, wiring), like the simulator's.
@@ -30,7 +30,7 @@ item/copy, collectives of the tpusim c10d backend and torch.compile'd graphs (bo
 ``tpusim.backend.targets.flush_pending``, which asks the held target to ``flush``). Other code
 reading storage directly should call ``flush()`` first. Random ops run on the host generator so
 a seeded program draws exactly what CPU PyTorch draws. Ops returning views, or mutating
-arguments other than ``self``/``out`` (tpusim/backend/schema.py), run on the host too.
+arguments other than ``self``/``out`` (tpusim/backend/aten/op_schema.py), run on the host too.
 
 Ops that cannot run through the table fall back to the host with one warning per op;
 ``host_ops()`` lists them.
@@ -48,11 +48,11 @@ from torch._decomp import core_aten_decompositions
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from tpusim.backend import schema
-from tpusim.backend.fallback import OverloadPlan
+from tpusim.backend.aten import op_schema
+from tpusim.backend.dispatch.fallback import OverloadPlan
 from tpusim.backend.lowering import MissingLowering, jax_function, lookup  # fills the table, turns on jax x64
 from tpusim.backend.lowering.dtypes import jax_dtype, torch_dtype
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.state import STATE
 from tpusim.backend.targets.base import Target, use
 from tpusim.backend.targets.pjrt_fused import Window
 from tpusim.backend.targets.pjrt_ops import Compiled, Float, OpInfo, Stats, lift, run_now, tensors
@@ -82,12 +82,12 @@ _S = _State()
 
 
 def _classify(op: torch._ops.OpOverload) -> OpInfo:
-    facts = schema.facts(op)
+    facts = op_schema.facts(op)
     if facts.returns_view:
         return OpInfo("host", why="returns a view")
     if not facts.writes:
         return OpInfo("functional", op)
-    functional = schema.functional_of(op)
+    functional = op_schema.functional_of(op)
     if functional is None:
         return OpInfo("host", why="no functional overload")
     if facts.writes_self_only:

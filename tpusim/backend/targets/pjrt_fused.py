@@ -16,16 +16,16 @@ so a program recorded while it runs here is priced with the windows that ran:
   neither cuts unless it touched pending work (``host``);
 - ``opaque``: an op TorchTPU does not defer (a host read). It runs alone, at once;
 - ``collective``: a collective of the tpusim c10d backend;
-- ``program``: a torch.compile'd graph (tpusim/backend/compile.py) runs;
+- ``program``: a torch.compile'd graph (tpusim/backend/torch_compile/jax_backend.py) runs;
 - ``step``: ``optimizer.step()`` returned;
-- ``backward``: ``torch.autograd.backward`` (``Tensor.backward``) returned (tpusim/backend/recorder.py's
+- ``backward``: ``torch.autograd.backward`` (``Tensor.backward``) returned (tpusim/backend/program_trace/recorder.py's
   ``add_backward_listener``): TorchTPU's autograd post-backward materialization;
 - TorchTPU's heuristics (``tpusim.eager.windows``): ``stale``, ``dynamic``, ``random``, ``repeated`` (a value with two
   consumers is an output of its cluster, not a cut: ``fanout``, ``reexecution`` are counted in
   ``cutter.materialized``) (``split`` too, though torch.tpu.ops' kernels run on the host here). The cutter sees each
   op as ``op_node`` builds it (its name and input shapes, the storages it reads and writes, the user's
-  line from tpusim/backend/source.py), as ``tpusim.eager.fusion.op_node`` does from the op's record; a host op's
-  fresh results join the graph once it ran (``WindowCutter.wrote``);
+  line from tpusim/backend/plumbing/source.py), as ``tpusim.eager.fusion.op_node`` does from the op's record; a
+  host op's fresh results join the graph once it ran (``WindowCutter.wrote``);
 - ``size``: an op arrives while the window holds ``tpusim.eager.windows.MAX_CLUSTER_OPS`` ops;
 - ``mode``: the eager mode changed (pending work runs as it was recorded);
 - ``end``: ``pjrt.flush()`` or ``pjrt.disable()`` (for fusion: the end of the trace).
@@ -35,7 +35,7 @@ device that needs none of them): ``alias``, ``host``, ``resize``. Two of fusion'
 counterpart here: ``tpusim.backend.step()`` (a ``step``) and ``torch.tpu.synchronize()`` (a
 ``sync``) only add a record while recording, with no hook this target can use; neither needs a
 flush (every host read cuts anyway), so a program calling them ends fewer windows here. The
-shim's native events reach both the window (first) and the recorder (tpusim/backend/native_hooks.py), so
+shim's native events reach both the window (first) and the recorder (tpusim/backend/plumbing/native_hooks.py), so
 recording while fused sees every event too.
 
 **Members.** The cutter counts the ops fusion would put in a window. Ops that cannot be traced into the
@@ -70,10 +70,11 @@ import torch
 from jax import lax
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from tpusim.backend import native_hooks, recorder, source
 from tpusim.backend.lowering import jax_to_tensor, tensor_to_numpy
 from tpusim.backend.lowering.dtypes import jax_dtype, torch_dtype
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing import native_hooks, source
+from tpusim.backend.plumbing.state import STATE
+from tpusim.backend.program_trace import recorder
 from tpusim.backend.targets.pjrt_ops import Compiled, OpInfo, Stats, operands, run_now
 from tpusim.eager.windows import Node, WindowCutter, defers, node_key
 

@@ -6,7 +6,7 @@ pjrt_fused.py (which wires the same computations into a fused window, or runs on
 the window cannot hold it).
 
 - ``OpInfo``: how an overload runs here (``functional``, ``inplace``, ``out``, ``host``: from
-  tpusim/backend/schema.py), decided once per overload;
+  tpusim/backend/aten/op_schema.py), decided once per overload;
 - ``Compiled``: one op signature's jitted computation, with its top-level Python floats lifted to
   arguments (``lift``, ``operands``) so a new value does not recompile it;
 - ``run_now``: call it on host memory now, and ``finish``: land its results as the overload

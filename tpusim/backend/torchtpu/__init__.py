@@ -2,7 +2,7 @@
 
 TorchTPU (github.com/google-pytorch/torch_tpu) declares its public names in tables: ``torch.tpu``,
 ``torch.tpu.distributed``, ``torch.tpu.compiler`` and ``torch.tpu.ops``. The same names live here,
-one module per group, and tpusim/backend/tpu_module.py (``torch.tpu``) re-exports them:
+one module per group, and tpusim/backend/device/tpu_module.py (``torch.tpu``) re-exports them:
 
 - modes.py        ``EagerMode``, the settable ``torch.tpu.eager_mode``, ``set_eager_mode`` (tpusim/eager/modes.py's
                   debug, strict and fused under TorchTPU's member names)

@@ -9,8 +9,8 @@ The same fields as TorchTPU's ``PerfStats`` (its csrc/common/compilation_cache.h
 of a compiled executable, a hit one that found it, and each entry counts its hits (``read_count``).
 What feeds it here, the caches that really compile in this process:
 
-- torch.compile graphs (tpusim/backend/compile.py): each execution of a graph is a request keyed by the graph and
-  its input shapes; a miss compiles (jax.jit) and the entry keeps how long that took;
+- torch.compile graphs (tpusim/backend/torch_compile/jax_backend.py): each execution of a graph is a request keyed
+  by the graph and its input shapes; a miss compiles (jax.jit) and the entry keeps how long that took;
 - eager ops on the simulator target (tpusim/backend/csrc/compile_cache.cpp): each op the device runs is a
   request keyed by the op, its tensors' dtypes and shapes and its integer arguments, as TorchTPU keys an
   eager executable; the first of a key is a miss. Nothing is compiled, so its entries' compilation time is
@@ -31,7 +31,7 @@ import datetime as dt
 import sys
 from dataclasses import dataclass, field
 
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.state import STATE
 
 _PJRT = "tpusim.backend.targets.pjrt"
 

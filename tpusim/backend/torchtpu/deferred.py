@@ -28,8 +28,8 @@ import torch
 import torch.fx
 from torch.utils import _pytree
 
-from tpusim.backend import recorder
-from tpusim.backend.dispatch_mode import DeviceDispatchMode
+from tpusim.backend.dispatch.dispatch_mode import DeviceDispatchMode
+from tpusim.backend.program_trace import recorder
 from tpusim.eager.windows import MAX_CLUSTER_OPS
 
 aten = torch.ops.aten

@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.state import STATE
 from tpusim.errors import TpusimError
 from tpusim.trace.records import Mesh
 
@@ -71,9 +71,10 @@ def local_device_attributes(index: int | None = None) -> dict[str, object]:
     device = rank() * cfg.device_count + local
     per_chip = cfg.chip.devices_per_chip
     dims = slice_dims(world_size() * cfg.device_count)
-    coords = _coord(device // per_chip, dims) + (0,) * (3 - len(dims))
+    per_slice = math.prod(dims) * per_chip                  # a multislice world: slice after slice
+    coords = _coord(device % per_slice // per_chip, dims) + (0,) * (3 - len(dims))
     return {"id": device, "coords": coords[:3], "core_on_chip": device % per_chip,
-            "process_index": device // cfg.devices_per_host, "slice_index": 0,
+            "process_index": device // cfg.devices_per_host, "slice_index": device // per_slice,
             "device_kind": (cfg.chip.jax_device_kinds or (cfg.chip.display_name,))[0], "platform": "tpu"}
 
 

@@ -37,7 +37,7 @@ import math
 
 import torch
 
-from tpusim.backend.import_hooks import after_import
+from tpusim.backend.plumbing.import_hooks import after_import
 from tpusim.backend.targets import flush_pending
 from tpusim.backend.torchtpu import unsupported
 from tpusim.errors import TpusimError
@@ -153,9 +153,9 @@ splash_sdpa = splash_attention
 
 
 def _traceable_by_dynamo(dynamo: object) -> None:
-    """Dynamo skips tpusim's files (tpusim/backend/compile.py), so a compiled layer calling a kernel here would
-    break its graph (fullgraph=True fails): once Dynamo is imported, the public wrappers are the same functions
-    under its ``dont_skip_tracing``, and the graph holds the kernel's op."""
+    """Dynamo skips tpusim's files (tpusim/backend/torch_compile/jax_backend.py), so a compiled layer calling a kernel
+    here would break its graph (fullgraph=True fails): once Dynamo is imported, the public wrappers are the same
+    functions under its ``dont_skip_tracing``, and the graph holds the kernel's op."""
     global splash_attention, splash_sdpa
     splash_attention = splash_sdpa = dynamo.dont_skip_tracing(_splash_wrapper)
 

@@ -9,7 +9,7 @@ an f32 matmul at DEFAULT rounds its operands to bf16 and takes one MXU pass, HIG
 HIGHEST six (bf16_6x). With numerics on (the default) tpusim's numbers stay CPU's f32 at every precision
 (so results match CPU exactly); with ``--numerics tpu`` (TPUSIM_NUMERICS=tpu) f32 matmuls, convolutions and
 attention are computed as the TPU computes them at the precision in effect, and a compiled graph keeps its
-bf16 values in f32 while ``allow_excess_precision`` is on (tpusim/backend/tpu_numerics.py, which reads both
+bf16 values in f32 while ``allow_excess_precision`` is on (tpusim/backend/dispatch/tpu_numerics.py, which reads both
 settings from here). Either way the price changes: the precision in effect is recorded in the trace meta
 (``TraceMeta.matmul_precision``: the highest one used while recording, with its bf16 pass count) for the
 simulator to price f32 matmuls at that many passes. ``allow_excess_precision`` (XLA's
@@ -27,8 +27,9 @@ import enum
 import os
 from collections.abc import Iterator
 
-from tpusim.backend import recorder, tpu_numerics
-from tpusim.backend.state import STATE
+from tpusim.backend.dispatch import tpu_numerics
+from tpusim.backend.plumbing.state import STATE
+from tpusim.backend.program_trace import recorder
 from tpusim.errors import TpusimError
 from tpusim.trace.records import MatmulPrecision
 

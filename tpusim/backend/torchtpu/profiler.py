@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from tpusim.backend import recorder
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.state import STATE
+from tpusim.backend.program_trace import recorder
 from tpusim.eager import state as eager
 from tpusim.errors import TpusimError
 from tpusim.output import write_atomic

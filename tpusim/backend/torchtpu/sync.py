@@ -24,8 +24,8 @@ from collections.abc import Sequence
 import torch
 from torch.utils import _pytree
 
-from tpusim.backend import recorder
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.state import STATE
+from tpusim.backend.program_trace import recorder
 from tpusim.backend.targets import flush_pending
 from tpusim.backend.torchtpu.deferred import PENDING
 from tpusim.eager.windows import LAUNCH_REASON

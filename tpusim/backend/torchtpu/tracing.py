@@ -8,8 +8,8 @@ and ``log_utils.log_to_stderr``.
 
 ``OpTracer`` counts every op dispatched in its block (or in the function it decorates) by namespace, as
 TorchTPU's does. ``format_model``'s ``shlo`` is the StableHLO tpusim's torch.compile backend makes of the
-model (tpusim/backend/compile.py ``dump_stablehlo``, which torch_tpu's ``utils.format_model`` hands in),
-where TorchTPU traces it in its internal defer-all mode; ``pt`` of a plain function prints the ATen graph
+model (tpusim/backend/torch_compile/jax_backend.py ``dump_stablehlo``, which torch_tpu's ``utils.format_model``
+hands in), where TorchTPU traces it in its internal defer-all mode; ``pt`` of a plain function prints the ATen graph
 ``make_fx`` traces.
 """
 
@@ -72,7 +72,7 @@ def format_model(model: torch.nn.Module | Callable[..., Any], *input_tensors: to
                  stablehlo: Callable[..., str] | None = None) -> str:
     """The model (or tensor function) described as asked: parameter counts and memory, its printout, the
     ATen ops one call runs, its StableHLO from ``stablehlo(model, *inputs)`` (the torch.compile backend's
-    ``dump_stablehlo``, handed in by torch_tpu: this package sits below compile.py)."""
+    ``dump_stablehlo``, handed in by torch_tpu: this package sits below torch_compile/)."""
     module = model
     if not isinstance(model, torch.nn.Module):
         module = torch.fx.experimental.proxy_tensor.make_fx(model)(*input_tensors)

@@ -12,7 +12,7 @@ launch variables before ``torchrun`` (``python -m torch.tpu.distributed.environm
 - ``set_tpu_launch_env``: TorchTPU's launch variables (TORCH_TPU_TOPOLOGY, TORCH_TPU_SLICEBUILDER_ADDRESSES,
   TORCH_TPU_XPROF_SESSION_ID) in this process's environment, for the ranks it starts. tpusim needs none
   of them (ranks rendezvous through torchrun's variables and c10d's store); a rank reads
-  TORCH_TPU_TOPOLOGY as the slice's shape (tpusim/backend/config.py).
+  TORCH_TPU_TOPOLOGY as the slice's shape (tpusim/backend/plumbing/config.py).
 - ``topology_aware_mesh``: the rank layout from tpusim's placement (../hardware.py).
 - ``spmd_safe``: TorchTPU materialises a function's inputs and outputs and lets its collectives run inside
   fused graphs; here pending fused work runs at entry and exit (the PJRT target's window is cut) and
@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.state import STATE
 from tpusim.backend.targets import flush_pending
 from tpusim.backend.torchtpu import hardware, unsupported
 from tpusim.errors import TpusimError

@@ -1,7 +1,7 @@
 """``torch.tpu``: the device module, mirroring ``torch.cuda`` where that makes sense, and TorchTPU's ``torch.tpu``.
 
 Devices, streams and events, random-number state, memory statistics (of the simulated HBM) and
-AMP support. Registered by tpusim/backend/device.py with ``torch._register_device_module("tpu", ...)``.
+AMP support. Registered by tpusim/backend/device/registration.py with ``torch._register_device_module("tpu", ...)``.
 TorchTPU's names (its public ``torch.tpu`` table) come from tpusim/backend/torchtpu/, one module per group:
 ``EagerMode``, the settable ``eager_mode`` and ``set_eager_mode`` (modes.py), ``Precision``,
 ``precision`` and the settable ``allow_excess_precision`` (precision.py), ``topology_aware_mesh``
@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from tpusim.backend import recorder
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.state import STATE
+from tpusim.backend.program_trace import recorder
 from tpusim.backend.torchtpu import cache, hardware, modes, unsupported
 from tpusim.backend.torchtpu import distributed as _tpu_distributed
 from tpusim.backend.torchtpu import precision as precision_module

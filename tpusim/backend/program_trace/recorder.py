@@ -15,11 +15,11 @@ device allocation and free, and ``StepMarker`` at each ``optimizer.step()`` or
 ``tpusim.backend.step()``. Layers above add through public calls and are never called back by
 name: ``record_collective`` (the c10d backend), ``set_meta`` (facts for ``trace.meta``),
 ``add_meta_source`` (facts computed when a recording stops: torch.compile's graph breaks, from
-tpusim/backend/compile.py) and ``add_step_listener`` (told of every explicit ``step()``: the measured
+tpusim/backend/torch_compile/jax_backend.py) and ``add_step_listener`` (told of every explicit ``step()``: the measured
 run's clock). When no recording is active the fallback pays one attribute check. A
 torch.compile'd graph's execution is recorded as its ops (``record_program``,
-tpusim/backend/program.py), numbered by ``OpRecord.program`` so the simulator prices them as one XLA
-program.
+tpusim/backend/program_trace/compiled_program.py), numbered by ``OpRecord.program`` so the simulator prices
+them as one XLA program.
 
 The record budget (``TPUSIM_MAX_RECORDS``, ``tpusim run --max-records``): a long-running script's trace
 grows about 1 KiB a record, so once a step ends with the budget reached the recorder stops storing
@@ -56,10 +56,11 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from tpusim import envvars
-from tpusim.backend import costs, op_programs, policy
-from tpusim.backend.program import Program
-from tpusim.backend.source import user_source
-from tpusim.backend.state import STATE
+from tpusim.backend.aten import float64_policy
+from tpusim.backend.plumbing.source import user_source
+from tpusim.backend.plumbing.state import STATE
+from tpusim.backend.program_trace import costs, op_programs
+from tpusim.backend.program_trace.compiled_program import Program
 from tpusim.eager import state as eager
 from tpusim.eager.windows import BACKWARD_REASON
 from tpusim.trace.ops import Family, family_of
@@ -215,7 +216,7 @@ def _op_record(name: str, cost: costs.OpCost, ins: tuple[TensorMeta, ...], outs:
 
 
 def record_program(program: Program, inputs: list, outputs: list) -> None:
-    """One execution of a compiled graph (compile.py): its ops as ``OpRecord``s sharing a fresh
+    """One execution of a compiled graph (torch_compile/jax_backend.py): its ops as ``OpRecord``s sharing a fresh
     ``program`` number. Graph inputs and outputs are the real tensors (so eager ops before and after
     connect to them); values that never leave the graph get storages of their own (negative ids),
     allocated before their first op and freed after their last."""
@@ -258,7 +259,7 @@ def record_program(program: Program, inputs: list, outputs: list) -> None:
 
 
 class WholeGraph(Protocol):
-    """A graph with collectives lowered whole for the TPU compiler (compile.py's ``SpmdGraph``)."""
+    """A graph with collectives lowered whole for the TPU compiler (torch_compile/jax_backend.py's ``SpmdGraph``)."""
 
     label: str
     devices: int
@@ -516,12 +517,12 @@ def stop() -> Trace:
     _ACTIVE = _FULL = None
     cfg = STATE.config
     meta = TraceMeta(device="tpu", chip=cfg.chip.name, devices=cfg.device_count, hbm_bytes=cfg.hbm_bytes,
-                     numerics=cfg.numerics, f64_ops=tuple(policy.non_native_ops()))
-    host_peak = STATE.shim.record_host_peak()    # host memory offloaded tensors held (tpusim/backend/offload.py)
+                     numerics=cfg.numerics, f64_ops=tuple(float64_policy.non_native_ops()))
+    host_peak = STATE.shim.record_host_peak()    # host memory offloaded tensors held (dispatch/offload.py)
     if host_peak:
         meta = meta.replace(host_peak_bytes=host_peak)
     meta = meta.replace(**rec.meta.set_fields())  # what layers above set wins
-    for source in _META_SOURCES:                # e.g. torch.compile's breaks and recompiles (tpusim/backend/compile.py)
+    for source in _META_SOURCES:                # e.g. torch.compile's breaks and recompiles (torch_compile/)
         meta = meta.replace(**source())
     # a daemon thread may still issue ops (it took the recording before it stopped) and fill these dicts while they
     # are lowered (issue 44, S07: "dictionary changed size during iteration"): copies, each made in one step under

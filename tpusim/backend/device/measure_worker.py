@@ -2,7 +2,7 @@
 
 tpusim/run/measure.py starts it, once per eager mode, in a fresh process::
 
-    TPUSIM_TARGET=pjrt TPUSIM_EAGER_MODE=fused python -m tpusim.backend.measure_worker \\
+    TPUSIM_TARGET=pjrt TPUSIM_EAGER_MODE=fused python -m tpusim.backend.device.measure_worker \\
         --out RESULT.json -- SCRIPT ARGS...
 
 Importing the backend has then already switched the device to JAX (its config names the pjrt
@@ -27,8 +27,8 @@ from pathlib import Path
 import torch  # noqa: F401  (first: the backend registers its device on torch)
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from tpusim.backend import recorder
 from tpusim.backend.distributed import runner
+from tpusim.backend.program_trace import recorder
 from tpusim.backend.targets import pjrt
 from tpusim.script import ScriptOutcome, run_script, user_traceback
 

@@ -9,10 +9,10 @@ The values themselves are computed by the held target (``STATE.target.execute``,
 tpusim/backend/targets/: the CPU kernel at once on the sim target, JAX on the pjrt target). Per call
 the fallback also: swaps in the device's generator for random ops (so a seeded tpu program
 draws what the CPU one draws), refuses mixed CPU/tpu inputs where CUDA would, applies the
-float64 policy (tpusim/backend/policy.py), hands the op to the recorder when one is active and, in
-debug eager mode, to tpusim/backend/debug.py (NaN/Inf check at the op). What it needs to know about an
-overload (its ``OverloadPlan``) comes from its schema (tpusim/backend/schema.py), read once.
-Ops whose CPU kernel is wrong for the device are one entry each in tpusim/backend/kernels.py.
+float64 policy (tpusim/backend/aten/float64_policy.py), hands the op to the recorder when one is active and, in
+debug eager mode, to tpusim/backend/dispatch/debug_mode.py (NaN/Inf check at the op). What it needs to know about an
+overload (its ``OverloadPlan``) comes from its schema (tpusim/backend/aten/op_schema.py), read once.
+Ops whose CPU kernel is wrong for the device are one entry each in tpusim/backend/aten/handwritten_kernels.py.
 
 Where it runs: the boxed fallback the dispatcher calls is the shim's (tpusim/backend/csrc/fallback.cpp).
 It does all of the above in C++ for the common call on the simulator target (the CPU kernel on
@@ -32,12 +32,15 @@ from dataclasses import dataclass
 
 import torch
 
-from tpusim.backend import debug, kernels, offload, op_programs, policy, recorder, schema, shim, source
-from tpusim.backend.schema import DEVICE, DTYPE, TENSOR, TENSOR_LIST
-from tpusim.backend.source import user_source
-from tpusim.backend.state import STATE
+from tpusim.backend.aten import float64_policy, handwritten_kernels, op_schema
+from tpusim.backend.aten.op_schema import DEVICE, DTYPE, TENSOR, TENSOR_LIST
+from tpusim.backend.dispatch import debug_mode, offload
+from tpusim.backend.plumbing import shim, source
+from tpusim.backend.plumbing.source import user_source
+from tpusim.backend.plumbing.state import STATE
+from tpusim.backend.program_trace import op_programs, recorder
 
-_F64 = policy.NON_NATIVE_DTYPES
+_F64 = float64_policy.NON_NATIVE_DTYPES
 _CPU_INDEX_OK = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_",
                  "aten::_unsafe_index", "aten::_unsafe_index_put"}
 
@@ -62,13 +65,13 @@ _PLANS: dict[object, OverloadPlan] = {}
 
 
 def _plan(op: torch._ops.OpOverload) -> OverloadPlan:
-    facts = schema.facts(op)
+    facts = op_schema.facts(op)
     name = facts.name
     gen_index, gen_name = facts.generator_position, facts.generator_keyword
     random = torch.Tag.nondeterministic_seeded in op.tags or gen_index >= 0 or bool(gen_name)
     plan = OverloadPlan(name, list(facts.positional), dict(facts.keyword), list(facts.written_positions),
                 list(facts.written_keywords), gen_index, gen_name, random,
-                kernels.KERNELS.get(f"{name}.{op._overloadname}") or kernels.KERNELS.get(name),
+                handwritten_kernels.KERNELS.get(f"{name}.{op._overloadname}") or handwritten_kernels.KERNELS.get(name),
                 name in _CPU_INDEX_OK)
     _PLANS[op] = plan
     return plan
@@ -160,10 +163,10 @@ def fallback(op: torch._ops.OpOverload, *args: object, **kwargs: object) -> obje
         _mixed(plan, f"tpu:{call.device}", "cpu", call.cpu_arg)
     if call.device < 0:
         call.device = STATE.shim.current_device()
-    if call.f64 or plan.name in policy.NON_NATIVE_RESULTS:    # complex results from real inputs too
-        policy.non_native(plan.name, call.inputs)
+    if call.f64 or plan.name in float64_policy.NON_NATIVE_RESULTS:  # complex results from real inputs too
+        float64_policy.non_native(plan.name, call.inputs)
 
-    input_bad = debug.before(plan, args, kwargs, call.inputs) if STATE.debug else False
+    input_bad = debug_mode.before(plan, args, kwargs, call.inputs) if STATE.debug else False
     if plan.random and STATE.numerics:
         result = _run_random(op, plan, call, hargs, hkwargs)
     else:
@@ -181,7 +184,7 @@ def fallback(op: torch._ops.OpOverload, *args: object, **kwargs: object) -> obje
     if STATE.recording:
         recorder.record_op(op, plan.name, call.inputs, out, args, kwargs, mutated)
     if STATE.debug:                              # debug eager mode: NaN/Inf check, per-op log
-        debug.after(plan.name, call.inputs, out, mutated, args, kwargs, input_bad)
+        debug_mode.after(plan.name, call.inputs, out, mutated, args, kwargs, input_bad)
     return out
 
 
@@ -284,12 +287,12 @@ def native_plan(name: str) -> tuple:
     generator as ``_run_random`` does here."""
     op = _lookup(name)
     plan = _PLANS.get(op) or _plan(op)
-    facts = schema.facts(op)
+    facts = op_schema.facts(op)
     names = [a.name for a in op._schema.arguments]
     kinds = [*facts.positional, *((names.index(k), kind) for k, kind in facts.keyword)]
     native_ok = name.startswith("aten::") and not any(kind == DEVICE for _, kind in kinds)
     python = plan.kernel is not None or not native_ok
-    python = python or plan.name in policy.NON_NATIVE_RESULTS         # the float64/complex policy at the op
+    python = python or plan.name in float64_policy.NON_NATIVE_RESULTS  # the float64/complex policy at the op
     written = [*facts.written_positions, *(names.index(k) for k in facts.written_keywords)]
     generator = plan.gen_index if plan.gen_index >= 0 else names.index(plan.gen_name) if plan.gen_name else -1
     return (op, plan.name, python, op_programs.asked_at_op(plan.name), written,
@@ -325,6 +328,6 @@ def install() -> None:
     source.install(module)
     offload.install(module)
     module.install_fallback(fallback, native_plan, recorder.shaped_cost)
-    names = dict.fromkeys((*composite_shadowed(), *CPU_COMPOSITES, *kernels.KERNELS))
+    names = dict.fromkeys((*composite_shadowed(), *CPU_COMPOSITES, *handwritten_kernels.KERNELS))
     module.register_fallback([name.removeprefix("aten::") for name in names])
     _INSTALLED.append(True)

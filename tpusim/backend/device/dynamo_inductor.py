@@ -5,7 +5,7 @@ PyTorch 2.13 ships a Dynamo ``TpuInterface`` and an Inductor Pallas route for a 
 Ours replace them: the device interface reports our devices, streams and properties; Inductor
 compiles "tpu" graphs with its C++ CPU scheduling, since device memory is host memory (as in
 PyTorch's OpenReg). Both modules are heavy to import, so the takeover runs when (and if) the
-program imports them, through a post-import hook (tpusim/backend/import_hooks.py), and never costs
+program imports them, through a post-import hook (tpusim/backend/plumbing/import_hooks.py), and never costs
 anything otherwise.
 """
 
@@ -15,8 +15,8 @@ from types import ModuleType
 
 import torch
 
-from tpusim.backend import tpu_module as tpu
-from tpusim.backend.import_hooks import after_import
+from tpusim.backend.device import tpu_module as tpu
+from tpusim.backend.plumbing.import_hooks import after_import
 
 _DYNAMO = "torch._dynamo.device_interface"
 _INDUCTOR = "torch._inductor.codegen.common"

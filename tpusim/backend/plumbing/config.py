@@ -14,7 +14,7 @@ TPUSIM_DEVICES     number of tpu devices in this process, 1..64 (default: this h
 TPUSIM_HBM_BYTES   HBM capacity per device in bytes (default: the chip's per device; 0 = unlimited)
 TPUSIM_NUMERICS    "on" (default), "off" (also 1/0, true/false, yes/no: tpusim/envvars.py's ``yes_no``) or
                    "tpu": off is shape-only mode, no host memory, values unreadable; tpu computes f32
-                   matmuls, convolutions and attention as a TPU does (tpusim/backend/tpu_numerics.py)
+                   matmuls, convolutions and attention as a TPU does (tpusim/backend/dispatch/tpu_numerics.py)
 TPUSIM_F64         "warn" (default): float64/complex ops run on the host with a warning once
                    per op; "error": they raise; "allow": silent
 TPUSIM_TARGET      "sim" (default): ops computed by CPU kernels on host memory; "pjrt": through
@@ -50,10 +50,10 @@ A bad value raises one ``TpusimError`` naming the variable, its value and what i
 
 Read elsewhere, next to what they drive: TPUSIM_EAGER_MODE (tpusim/eager/state.py: debug, strict or
 fused; ``DeviceConfig.eager_mode`` overrides it), TPUSIM_DEBUG_CHECK and TPUSIM_DEBUG_LOG
-(tpusim/backend/debug.py: debug mode's NaN/Inf check and per-op log), TPUSIM_RANKS,
+(tpusim/backend/dispatch/debug_mode.py: debug mode's NaN/Inf check and per-op log), TPUSIM_RANKS,
 TPUSIM_HANG_TIMEOUT_S and TPUSIM_HANG_GRACE_S (tpusim/backend/distributed/), TPUSIM_DUMP_STABLEHLO
-(tpusim/backend/compile.py). tpusim/envvars.py lists every variable with what it accepts; ``tpusim run``
-checks them all before it loads the device.
+(tpusim/backend/torch_compile/jax_backend.py). tpusim/envvars.py lists every variable with what it accepts;
+``tpusim run`` checks them all before it loads the device.
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ class DeviceConfig:
 
     chip: ChipSpec                         # the chip simulated (tpusim.hardware.spec), not its name
     numerics: bool = True                  # False: shape-only mode (no host memory; values unreadable)
-    tpu_numerics: bool = False             # True: f32 contractions at a TPU's precision (backend/tpu_numerics.py)
-    f64: str = "warn"                      # float64/complex policy (tpusim/backend/policy.py): F64_POLICIES
+    tpu_numerics: bool = False             # True: f32 contractions at a TPU's precision (dispatch/tpu_numerics.py)
+    f64: str = "warn"                      # float64/complex policy (aten/float64_policy.py): F64_POLICIES
     device_count: int | None = None        # devices tpu:0..N-1 in this process; None: the visible devices,
                                            # else this host's devices of the slice (``host_devices``)
     hbm_bytes: int | None = None           # HBM capacity per device; None: the chip's per device; 0: unlimited
@@ -97,7 +97,7 @@ class DeviceConfig:
     visible_devices: tuple[int, ...] | None = None   # host device ids this process sees (TPU_VISIBLE_DEVICES)
     devices_per_host: int | None = None    # None: the chip's chips per host x devices per chip
     op_programs: bool = False              # keep each distinct eager op's one-op program for the TPU compiler
-    #                                        (backend/op_programs.py; tpusim run sets it from --compiler)
+    #                                        (backend/program_trace/op_programs.py; tpusim run sets it from --compiler)
 
     def __post_init__(self) -> None:
         if not isinstance(self.chip, ChipSpec):

@@ -19,7 +19,7 @@ import typing_extensions
 
 _INTERNAL_DIRS = (
     os.path.dirname(torch.__file__) + os.sep,                             # torch
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # tpusim/ (the backend included)
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep,  # tpusim/ (all of it)
 )
 # Files whose frames wrap torch's own functions: typing_extensions' @deprecated wraps
 # torch.distributed.all_gather_into_tensor, and a mismatch there named typing_extensions.py:3140 (issue 32, row 7).
@@ -56,7 +56,7 @@ def _walk(frame: object) -> tuple[str, bool]:
 
 
 def install(shim: object) -> None:
-    """Walk in the shim from now on (tpusim/backend/fallback.py's install, at registration)."""
+    """Walk in the shim from now on (tpusim/backend/dispatch/fallback.py's install, at registration)."""
     global _native
     shim.configure_source(is_internal_file, _TENSOR_STR, _MAIN.ident)
     _native = shim.user_source

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tpusim.backend.recorder import record_host
+from tpusim.backend.program_trace.recorder import record_host
 from tpusim.errors import TpusimError
 from tpusim.trace.phases import END
 from tpusim.trace.records import PHASE_REASON, PHASES

@@ -18,12 +18,12 @@ on a TPU); matmul, linear, einsum, tensordot, conv*d and the SDPA math path reac
 Where: the sim target computes a device op in ``ROUTED`` (tpusim/backend/targets/sim.py) through ``execute``,
 which runs its CPU kernel under ``ContractionMode``, a dispatch mode on the host tensors that catches the
 contractions the kernel calls: the op itself, the convolution or attention a hand-written kernel
-(tpusim/backend/kernels.py) calls, the matmuls inside a ``tpu::`` kernel (torch.tpu.ops). The common op
+(tpusim/backend/aten/handwritten_kernels.py) calls, the matmuls inside a ``tpu::`` kernel (torch.tpu.ops). The common op
 otherwise runs in the shim's C++ without Python (csrc/fallback.cpp), so ``configure`` registers the plain
 contractions' overloads for the device while tpu numerics is on (their calls then come to the Python
 fallback) and removes them when it is off: nothing changes, and nothing is paid, with numerics on.
 A torch.compile'd graph runs its Core ATen ops on host tensors under the same mode (``GraphNumerics.run``,
-called by tpusim/backend/compile.py) instead of through JAX, whose CPU ignores dot precision.
+called by tpusim/backend/torch_compile/jax_backend.py) instead of through JAX, whose CPU ignores dot precision.
 
 ``allow_excess_precision`` (torch.backends.tpu; XLA's --xla_allow_excess_precision, TorchTPU's default
 off) lets XLA drop a rounding to bf16/f16 between two operations of one compiled program: the value stays
@@ -48,9 +48,9 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from tpusim.backend import fallback
-from tpusim.backend.dispatch_mode import DeviceDispatchMode
-from tpusim.backend.state import STATE
+from tpusim.backend.dispatch import fallback
+from tpusim.backend.dispatch.dispatch_mode import DeviceDispatchMode
+from tpusim.backend.plumbing.state import STATE
 
 aten = torch.ops.aten
 DEFAULT, HIGH, HIGHEST = "default", "high", "highest"     # torch.tpu.Precision values

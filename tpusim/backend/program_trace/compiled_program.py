@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from tpusim.backend import costs, schema
-from tpusim.backend.source import is_internal_file
+from tpusim.backend.aten import op_schema
+from tpusim.backend.plumbing.source import is_internal_file
+from tpusim.backend.program_trace import costs
 from tpusim.trace.ops import Family
 
 
@@ -127,7 +128,7 @@ def program_of(gm: torch.fx.GraphModule, label: str, stablehlo: Callable[[], str
             if (source, index) in b.of:
                 b.of[(node, 0)] = b.of[(source, index)]
         elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-            if schema.facts(node.target).returns_view:
+            if op_schema.facts(node.target).returns_view:
                 base = b.value(node.args[0])
                 if base is not None and fakes[0] is not None:
                     b.add(node, 0, fakes[0], b.values[base].base)

@@ -7,10 +7,11 @@ table; each graph becomes one JAX function through the lowering table (tpusim/ba
 default device (a TPU where JAX sees one, else CPU/GPU). Inputs are read from the tensors' host
 memory, outputs land in fresh tensors on the inputs' device. A graph that uses an op the table
 lacks runs eagerly instead (op by op on the device), with a warning naming the ops. With --numerics tpu a
-graph runs its Core ATen ops on the host at the TPU's precision instead of through JAX (tpusim/backend/tpu_numerics.py).
+graph runs its Core ATen ops on the host at the TPU's precision instead of through JAX
+(tpusim/backend/dispatch/tpu_numerics.py).
 
 On the sim target, while a recording runs, every execution of a compiled graph is recorded as
-its ops (tpusim/backend/program.py) marked as one program, which the simulator prices as one XLA
+its ops (tpusim/backend/program_trace/compiled_program.py) marked as one program, which the simulator prices as one XLA
 program: fused as a whole, launched once, compiled once per signature (tpusim/eager/fusion.py).
 
 ``torch.compile(model)`` with no backend uses this backend for graphs whose inputs are on "tpu" (and
@@ -50,15 +51,15 @@ from pathlib import Path
 import torch
 import torch.fx
 
-from tpusim.backend import recorder
-from tpusim.backend.collective_graph import SegmentedGraph, has_collectives, is_collective
-from tpusim.backend.import_hooks import after_import
-from tpusim.backend.program import Program, program_of
-from tpusim.backend.source import is_internal_file, user_source
-from tpusim.backend.state import STATE
+from tpusim.backend.dispatch.tpu_numerics import GraphNumerics, graph_numerics
+from tpusim.backend.plumbing.import_hooks import after_import
+from tpusim.backend.plumbing.source import is_internal_file, user_source
+from tpusim.backend.plumbing.state import STATE
+from tpusim.backend.program_trace import recorder
+from tpusim.backend.program_trace.compiled_program import Program, program_of
 from tpusim.backend.targets import flush_pending
+from tpusim.backend.torch_compile.collective_graph import SegmentedGraph, has_collectives, is_collective
 from tpusim.backend.torchtpu import cache
-from tpusim.backend.tpu_numerics import GraphNumerics, graph_numerics
 from tpusim.errors import TpusimError
 from tpusim.trace import records as trace_meta
 
@@ -350,8 +351,8 @@ class JaxGraph:
 
 
     def _call_on_host(self, args: list, key: str, hit: bool, started: float) -> list:
-        """--numerics tpu: the graph's Core ATen ops on the host at the TPU's precision (tpusim/backend/
-        tpu_numerics.py), not through JAX, whose CPU computes every dot in f32."""
+        """--numerics tpu: the graph's Core ATen ops on the host at the TPU's precision
+        (tpusim/backend/dispatch/tpu_numerics.py), not through JAX, whose CPU computes every dot in f32."""
         bound = list(args) if STATE.recording else []
         outs = self.numerics.run(self.gm, [_hosted(a) for a in args])
         args.clear()                                     # boxed convention: free inputs early
@@ -500,7 +501,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: object
     from torch._decomp import core_aten_decompositions  # Dynamo and AOT autograd: heavy, see above
     from torch._dynamo.backends.common import aot_autograd
 
-    from tpusim.backend.flash_attention import use_fused_attention  # defines ops: only once something compiles
+    from tpusim.backend.aten.flash_attention import use_fused_attention  # defines ops: only once something compiles
 
     unknown = sorted(set(kwargs) - {"options", "mode"})
     if unknown:
@@ -512,7 +513,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: object
         debug = TpuCompileDebug(pre_autograd_fx_code=[gm.code],
                                 pre_autograd_fx_readable=[gm.print_readable(print_output=False)])
         options["debug_callback"](debug)
-    use_fused_attention(gm)     # SDPA as one fused op, not bmm + softmax + bmm (tpusim/backend/flash_attention.py)
+    use_fused_attention(gm)     # SDPA as one fused op, not bmm + softmax + bmm (tpusim/backend/aten/flash_attention.py)
     return _noting_inference_mode(aot_autograd(
         fw_compiler=_compiler("forward", debug, name), bw_compiler=_compiler("backward", debug, name),
         inference_compiler=_compiler("inference", debug, name),
@@ -599,8 +600,8 @@ def _skip_tpusim(trace_rules: object) -> None:
 
 def install() -> None:
     """Make ``backend="tpu"`` known to torch.compile, and the default for tpu graphs, when Dynamo is imported
-    (it costs seconds, so not before), and report its graphs in every recording's meta (tpusim/backend/device.py
-    calls this)."""
+    (it costs seconds, so not before), and report its graphs in every recording's meta
+    (tpusim/backend/device/registration.py calls this)."""
     after_import("torch._dynamo.backends.registry", _register)
     after_import("torch._dynamo", lambda dynamo: _skip_tpusim(dynamo.trace_rules))
     recorder.add_meta_source(_trace_meta)

@@ -2,13 +2,13 @@
 
 Order matters: the shim is configured (devices, HBM, numerics) and its hooks installed before
 the rename; ``torch.tpu`` must exist before anything imports torch.testing (OpInfo picks the
-device up at import); Dynamo/Inductor are taken over lazily (tpusim/backend/compiler.py); the
+device up at import); Dynamo/Inductor are taken over lazily (tpusim/backend/device/dynamo_inductor.py); the
 execution target is chosen last (tpusim/backend/targets/), once the shim it may listen to is in place.
 
-``register()`` runs at import with the environment's config (tpusim/backend/config.py ``load_config``);
+``register()`` runs at import with the environment's config (tpusim/backend/plumbing/config.py ``load_config``);
 ``configure(config)`` (``tpusim.backend.configure``) applies a caller's config instead, while no
 tensor lives on the device. The device's one eager-mode listener is here too: a change of
-mode reaches debug mode first (tpusim/backend/debug.py), then the held target.
+mode reaches debug mode first (tpusim/backend/dispatch/debug_mode.py), then the held target.
 """
 
 from __future__ import annotations
@@ -19,24 +19,17 @@ import os
 import torch
 import torch.distributed as dist
 
-from tpusim.backend import compile as compile_backend
-from tpusim.backend import (
-    compiler,
-    debug,
-    fallback,
-    recorder,
-    rnn,
-    shape_functions,
-    shim,
-    shutdown,
-    torchtpu,
-    tpu_module,
-    tpu_numerics,
-)
-from tpusim.backend.config import DeviceConfig, load_config
-from tpusim.backend.state import STATE
+from tpusim.backend import torchtpu
+from tpusim.backend.aten import shape_functions
+from tpusim.backend.device import dynamo_inductor, shutdown, tpu_module
+from tpusim.backend.dispatch import debug_mode, fallback, rnn, tpu_numerics
+from tpusim.backend.plumbing import shim
+from tpusim.backend.plumbing.config import DeviceConfig, load_config
+from tpusim.backend.plumbing.state import STATE
+from tpusim.backend.program_trace import recorder
 from tpusim.backend.targets import select
 from tpusim.backend.targets.base import use
+from tpusim.backend.torch_compile import jax_backend
 from tpusim.eager import state as eager
 from tpusim.errors import TpusimError
 from tpusim.xla.compiler import quiet_libtpu
@@ -70,15 +63,15 @@ def register(config: DeviceConfig | None = None) -> None:
     torch.set_autocast_dtype(NAME, torch.bfloat16)
     fallback.install()
     recorder.install()
-    compiler.install()
-    compile_backend.install()
+    dynamo_inductor.install()
+    jax_backend.install()
     _register_c10d()
     shutdown.install(NAME)
-    rnn.register()                                 # RNN layers outside a recording: CPU's own kernel (rnn.py)
+    rnn.register()                                 # RNN layers outside a recording: CPU's own kernel
     shape_functions.register()                     # Meta kernels ATen lacks (CTC loss): shape-only runs
     if cfg.eager_mode is not None:
         eager.set_eager_mode(cfg.eager_mode)
-    debug.apply_mode(eager.get_eager_mode())       # TPUSIM_EAGER_MODE is checked here, at import
+    debug_mode.apply_mode(eager.get_eager_mode())  # TPUSIM_EAGER_MODE is checked here, at import
     STATE.shim = module
     use(target)
     eager.on_change(_mode_changed)
@@ -89,7 +82,7 @@ def configure(config: DeviceConfig) -> None:
     lives on the device: registration at import used the environment (TPUSIM_*), and live memory cannot
     change chip, device count or numerics (once all of it is freed, it can: tests of several chips)."""
     if not isinstance(config, DeviceConfig):
-        raise TpusimError(f"tpusim.backend.configure() takes a DeviceConfig (tpusim.backend.config), "
+        raise TpusimError(f"tpusim.backend.configure() takes a tpusim.backend.DeviceConfig, "
                           f"not {type(config).__name__}")
     if STATE.shim is None:                       # the autoload was off, or failed at `import torch`
         register(config)
@@ -129,7 +122,7 @@ def _live() -> bool:
 def _mode_changed(old: str, new: str) -> None:
     """tpusim.eager.state listener: debug mode applies the new mode and marks it in the trace, then the held
     target switches its execution (the PJRT target runs pending work first)."""
-    debug.on_change(old, new)
+    debug_mode.on_change(old, new)
     STATE.target.on_mode_change(old, new)
 
 

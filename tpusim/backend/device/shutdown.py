@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.state import STATE
 
 PARK_S = 0.05                       # enough for any op in flight to end (ops here take microseconds to ms)
 THREAD_PREFIX = "pt_autograd_"      # what autograd names its device threads (/proc/self/task/*/comm)

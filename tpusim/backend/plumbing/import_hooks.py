@@ -3,8 +3,8 @@
 Why: some takeovers need a module that is heavy to import (Dynamo, Inductor: seconds), so they
 must not import it themselves; they run once the program does. ``after_import(name, fn)`` calls
 ``fn(module)`` right after ``name`` executes, or at once when it already has. Used by
-tpusim/backend/compiler.py (Dynamo's and Inductor's "tpu" entries) and tpusim/backend/compile.py (the
-``backend="tpu"`` name for torch.compile).
+tpusim/backend/device/dynamo_inductor.py (Dynamo's and Inductor's "tpu" entries) and
+tpusim/backend/torch_compile/jax_backend.py (the ``backend="tpu"`` name for torch.compile).
 """
 
 from __future__ import annotations

@@ -54,5 +54,5 @@ def in_pack_hook() -> bool:
 
 
 def install(shim: object) -> None:
-    """Let the shim ask ``in_pack_hook`` (tpusim/backend/fallback.py's install, at registration)."""
+    """Let the shim ask ``in_pack_hook`` (tpusim/backend/dispatch/fallback.py's install, at registration)."""
     shim.set_pack_hook_check(in_pack_hook)

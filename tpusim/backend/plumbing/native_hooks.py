@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.state import STATE
 
 Listener = Callable[[str, torch.Tensor, torch.Tensor | None], None]
 _listeners: list[Listener] = []

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from tpusim.backend.costs import reads_arguments
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.state import STATE
+from tpusim.backend.program_trace.costs import reads_arguments
 from tpusim.trace.records import XlaModule, op_signature
 
 
@@ -126,7 +126,7 @@ def _graph(op: torch._ops.OpOverload, args: tuple) -> tuple[torch.fx.GraphModule
 def lowered(key: str, name: str, args: tuple) -> XlaModule:
     """The op's one-op program as StableHLO for TPU, labelled by its signature, or why it has none."""
     try:
-        import jax  # the lowering table needs jax (a dependency); imported here, as compile.py does
+        import jax  # the lowering table needs jax (a dependency); imported here, as torch_compile/ does
 
         from tpusim.backend.lowering import jax_function
         from tpusim.backend.lowering.dtypes import jax_dtype

@@ -17,14 +17,14 @@ import warnings
 
 import torch
 
-from tpusim.backend.source import user_source_and_print
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.source import user_source_and_print
+from tpusim.backend.plumbing.state import STATE
 from tpusim.trace.ops import Family, family_of
 
 NON_NATIVE_DTYPES = frozenset({torch.float64, torch.complex32, torch.complex64, torch.complex128})
 _SEEN: set[str] = set()
 # ops whose results are complex even from real inputs (aten names, as recorded); the fallback sends them
-# to the policy whatever their inputs (tpusim/backend/fallback.py)
+# to the policy whatever their inputs (tpusim/backend/dispatch/fallback.py)
 NON_NATIVE_RESULTS = frozenset({
     "aten::linalg_eig",          # torch.linalg.eig: complex eigenvalues and eigenvectors
     "aten::_linalg_eigvals",     # torch.linalg.eigvals

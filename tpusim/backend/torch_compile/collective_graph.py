@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from tpusim.backend import recorder
+from tpusim.backend.program_trace import recorder
 
 COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional")
 
@@ -128,7 +128,7 @@ class SegmentedGraph:
     def __init__(self, gm: torch.fx.GraphModule, compile_segment: Callable[[torch.fx.GraphModule, list, int],
                                                                           Callable]) -> None:
         self._boxed_call = True     # an instance attribute: Dynamo's wrappers copy __dict__, not the class
-        self.whole: recorder.WholeGraph | None = None   # the graph lowered whole for the TPU compiler (compile.py)
+        self.whole: recorder.WholeGraph | None = None   # the graph lowered whole for the TPU compiler (jax_backend.py)
         schedule_for_overlap(gm)
         self.gm = gm
         nodes = list(gm.graph.nodes)

@@ -21,8 +21,8 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from tpusim.backend import tpu_numerics
-from tpusim.backend.state import STATE
+from tpusim.backend.dispatch import tpu_numerics
+from tpusim.backend.plumbing.state import STATE
 
 OPS = ("gru.input", "lstm.input", "rnn_tanh.input", "rnn_relu.input")     # adding an RNN op = one name here
 _LIBRARY: torch.library.Library | None = None

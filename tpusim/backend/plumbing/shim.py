@@ -25,7 +25,7 @@ from types import ModuleType
 
 import torch
 
-CSRC = Path(__file__).resolve().parent / "csrc"
+CSRC = Path(__file__).resolve().parents[1] / "csrc"
 UNITS = ("unit_aten.cpp", "unit_python.cpp")  # each includes several of csrc/'s files: fewer parses of torch's headers
 
 

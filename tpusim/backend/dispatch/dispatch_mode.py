@@ -3,7 +3,7 @@ DTensor's whole draws).
 
 Why: torch wraps a dispatch mode's ``__torch_dispatch__`` in Dynamo's disable, and that wrapper's first call
 imports Dynamo (seconds) into programs that never compile. Dynamo never traces tpusim's own files
-(tpusim/backend/compile.py), so the wrapper guards nothing here and the modes opt out of it.
+(tpusim/backend/torch_compile/jax_backend.py), so the wrapper guards nothing here and the modes opt out of it.
 """
 
 from __future__ import annotations

@@ -28,9 +28,9 @@ import sys
 import torch
 
 from tpusim import envvars
-from tpusim.backend import recorder
-from tpusim.backend.source import user_source
-from tpusim.backend.state import STATE
+from tpusim.backend.plumbing.source import user_source
+from tpusim.backend.plumbing.state import STATE
+from tpusim.backend.program_trace import recorder
 from tpusim.eager import state as eager
 
 CHECK = envvars.read("TPUSIM_DEBUG_CHECK")     # on by default; yes/no as tpusim/envvars.py reads it
@@ -58,8 +58,8 @@ def apply_mode(mode: str) -> None:
 
 
 def on_change(old: str, new: str) -> None:
-    """The device's part of a change of eager mode (tpusim/backend/device.py calls it first): apply the mode and
-    mark the change in the trace (a window boundary)."""
+    """The device's part of a change of eager mode (tpusim/backend/device/registration.py calls it
+    first): apply the mode and mark the change in the trace (a window boundary)."""
     apply_mode(new)
     if STATE.recording:
         recorder.record_host("dispatch", f"{eager.CHANGE_REASON}{new}")

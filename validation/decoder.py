@@ -207,7 +207,9 @@ def parallelize(model: Decoder, mesh: object, args: argparse.Namespace) -> None:
             block_plan["mlp.gate"] = ColwiseParallel()
         for block in model.blocks:
             parallelize_module(block, tp, block_plan)
-    fsdp = mesh["fsdp"]
+    # several slices: FSDP inside each slice, replicated across the slices (HSDP): the gradient shards are
+    # all-reduced over DCN after the reduce-scatter, as MaxText's dcn_data_parallelism does
+    fsdp = mesh["dcn", "fsdp"] if args.dcn > 1 else mesh["fsdp"]
     for i, block in enumerate(model.blocks):
         block = model.blocks[i] = checkpointed(block, args)
         if args.compile == "blocks":
@@ -232,6 +234,8 @@ def arguments() -> argparse.Namespace:
                              "block and masks the scores")
     parser.add_argument("--batch", type=int, default=1, help="sequences per chip (MaxText's per_device_batch_size)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (mesh dim 'tp')")
+    parser.add_argument("--dcn", type=int, default=1,
+                        help="data parallel over this many slices (mesh dim 'dcn'; `tpusim run --slices`)")
     parser.add_argument("--remat", choices=REMAT, default="full")
     parser.add_argument("--int8", action="store_true", help="int8 projection matmuls")
     parser.add_argument("--compile", choices=("blocks", "none"), default="blocks",
@@ -250,9 +254,10 @@ def main() -> None:
     args = arguments()
     dist.init_process_group("tpusim")
     world = dist.get_world_size()
-    if world % args.tp:
-        raise SystemExit(f"--tp {args.tp} does not divide the {world} chips")
-    mesh = init_device_mesh("tpu", (world // args.tp, args.tp), mesh_dim_names=("fsdp", "tp"))
+    if world % (args.tp * args.dcn):
+        raise SystemExit(f"--tp {args.tp} x --dcn {args.dcn} does not divide the {world} chips")
+    mesh = init_device_mesh("tpu", (args.dcn, world // args.tp // args.dcn, args.tp),
+                            mesh_dim_names=("dcn", "fsdp", "tp"))
     with torch.device("meta"):
         model = Decoder(args).to(torch.bfloat16)
     parallelize(model, mesh, args)

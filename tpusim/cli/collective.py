@@ -100,7 +100,7 @@ def _table(r, slice_) -> str:
     from tpusim.units import format_bytes, format_rate, format_seconds
 
     chip = slice_.chip
-    where = f"{slice_.spec}" + (f" x {slice_.num_slices} slices" if slice_.num_slices > 1 else "")
+    where = slice_.label
     axes = ",".join(r.axes) or "-"
     link = chip.ici_link_bytes_per_s
     diff = r.time_s - r.closed_form_s

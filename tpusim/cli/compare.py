@@ -42,6 +42,7 @@ METRICS = (
 def add_parser(subparsers) -> None:
     from tpusim.hardware.calibration import add_calibration_argument
     from tpusim.slice.faults import add_fault_arguments
+    from tpusim.slice.topology import slices_flag
     from tpusim.xla.programs import COMPILERS
 
     parser = subparsers.add_parser(
@@ -51,10 +52,12 @@ def add_parser(subparsers) -> None:
     parser.add_argument("b", metavar="B", nargs="?", help="second report folder; omit to re-price A")
     parser.add_argument("--topology", metavar="SPEC", help="re-price A on this slice, e.g. 3d:4x4x8")
     parser.add_argument("--chip", help="re-price A on this chip generation, e.g. v6e")
+    parser.add_argument("--slices", type=slices_flag, metavar="N",
+                        help="re-price A on N copies of its slice (or --topology's) joined over DCN (multislice)")
     parser.add_argument("--mode", help="re-price A in these eager modes (e.g. fused, all)")
     parser.add_argument("--compiler", choices=COMPILERS, default="auto",
                         help="re-pricing A: xla builds the programs A's recording kept with the real TPU compiler "
-                             "for the new chip, model with tpusim's own, auto: xla where the extra is installed")
+                             "for the new chip, model with tpusim's own, auto: as tpusim run chooses")
     add_fault_arguments(parser)   # re-price A on its slice (or --topology's) with links or chips removed
     add_calibration_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
@@ -70,7 +73,7 @@ def load_report(path: str) -> tuple[Report, Path]:
 
 def reprice(folder: Path, report: Report, topology: str | None, chip: str | None,
             modes: str | None, faults: tuple = (None, None, None), compiler: str = "auto",
-            calibration: bool = True) -> Report:
+            calibration: bool = True, slices: int | None = None) -> Report:
     """A's program trace priced again: a new report in memory, labelled by what changed; the programs the
     recording kept (compiled graphs, and eager ops when A ran with the compiler) go through the TPU compiler
     for the new chip as ``compiler`` says (tpusim/xla/)."""
@@ -88,7 +91,7 @@ def reprice(folder: Path, report: Report, topology: str | None, chip: str | None
         raise TpusimError(f"{folder}: no program.jsonl to re-price (it is written by `tpusim run`)")
     trace = read_trace(program)
     slice_ = build_slice(topology or report.run.topology, chip=chip or (None if topology else report.run.chip),
-                         calibrated=calibration)
+                         slices=slices or report.slice.slices or 1, calibrated=calibration)
     slice_ = apply_faults(slice_, *faults)
     names = resolve_modes(modes) if modes else list(report.modes) or [DEFAULT_MODE]
     xla = ask_compiler(trace, slice_.chip, compiler)       # as `tpusim run` asks it (tpusim.pricing.compiled)
@@ -102,7 +105,9 @@ def reprice(folder: Path, report: Report, topology: str | None, chip: str | None
 
 
 def label(report: Report) -> str:
-    return f"{report.run.topology} {report.run.chip}"
+    from tpusim.report.text import slice_text
+
+    return f"{slice_text(report.run.topology, report.slice.slices)} {report.run.chip}"
 
 
 def notes(a: Report, b: Report) -> list[str]:
@@ -119,10 +124,9 @@ def notes(a: Report, b: Report) -> list[str]:
     elif argv_a != argv_b:
         found.append(f"A and B ran {script_a} with different arguments (A: {' '.join(argv_a) or 'none'}, "
                      f"B: {' '.join(argv_b) or 'none'})")
-    if (a.run.chip, a.slice.dims) != (b.run.chip, b.slice.dims):
-        found.append(f"A and B priced different slices (A: {a.run.topology} of {a.run.chip}, "
-                     f"B: {b.run.topology} of {b.run.chip}): the ratios include the change of chip "
-                     f"and torus shape, not only the program")
+    if (a.run.chip, a.slice.dims, a.slice.slices or 1) != (b.run.chip, b.slice.dims, b.slice.slices or 1):
+        found.append(f"A and B priced different slices (A: {label(a)}, B: {label(b)}): the ratios include the "
+                     f"change of chip, torus shape and slice count, not only the program")
     if (a.version >= STEADY_MEDIAN_SINCE) != (b.version >= STEADY_MEDIAN_SINCE):
         found.append(f"A is a version {a.version} report and B a version {b.version} one: A's step time "
                      f"median (and HFU) is over {median_meaning(a)}, B's over {median_meaning(b)}; run the "
@@ -166,15 +170,17 @@ def run(args: argparse.Namespace) -> int:
     a, folder = load_report(args.a)
     faults = fault_args(args)
     if args.b:
-        if args.topology or args.chip or args.mode or any(faults):
-            raise TpusimError("give either a second report B or --topology/--chip/--mode to re-price A, not both")
+        if args.topology or args.chip or args.mode or args.slices or any(faults):
+            raise TpusimError("give either a second report B or --topology/--chip/--slices/--mode to re-price A, "
+                              "not both")
         b, _ = load_report(args.b)
-    elif args.topology or args.chip or args.mode or any(faults):
+    elif args.topology or args.chip or args.mode or args.slices or any(faults):
         # like for like: B is priced calibrated when A was
         b = reprice(folder, a, args.topology, args.chip, args.mode, faults, args.compiler,
-                    calibration=a.chip.calibrated and not args.no_calibration)
+                    calibration=a.chip.calibrated and not args.no_calibration, slices=args.slices)
     else:
-        raise TpusimError("nothing to compare: give a second report B, or --topology/--chip/--mode to re-price A")
+        raise TpusimError("nothing to compare: give a second report B, or --topology/--chip/--slices/--mode to "
+                          "re-price A")
     if not a.modes or not b.modes:
         raise TpusimError(f"nothing to compare: {'A' if not a.modes else 'B'} priced no eager mode "
                           f"(its run was interrupted before pricing); re-price it with --mode")

@@ -45,6 +45,8 @@ BOUNDS: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {
     "HBM": (("hbm",), "kernels waiting on HBM bandwidth", ()),
     "SparseCore": (("sparsecore",), "embedding lookups on the SparseCores", ()),
     "ICI": (("collective_exposed",), "collectives that compute does not hide", ("comm-bound",)),
+    # the part of the exposed collectives whose groups span slices (multislice), moved out of ICI's share
+    "DCN": ((), "collectives between slices over DCN that compute does not hide", ("comm-bound",)),
 }
 
 
@@ -80,9 +82,10 @@ def steady_compile_s(timeline: Timeline, steps: Steps) -> float:
 
 def headline(timeline: Timeline, trace: Trace, chip: ChipSpec, steps: Steps, step_device: dict[str, float],
              world_size: int, tokens_per_step: int | None, warning_codes: set[str], *,
-             prefix: bool = False) -> dict[str, Any]:
+             prefix: bool = False, dcn_exposed_s: float = 0.0) -> dict[str, Any]:
     """report.json ``modes.<mode>.headline`` (see the module docstring); ``prefix``: the trace is only the
-    program's start (the record budget stopped it before any step)."""
+    program's start (the record budget stopped it before any step); ``dcn_exposed_s``: the part of
+    ``step_device``'s exposed collectives spent on groups that span slices (tpusim/report/dcn.py)."""
     chips = max(1, len(timeline.chips_simulated))
     step_s = steps.steady_median_s if steps.count else None
     window = steps.steady_end_s - steps.steady_start_s
@@ -94,6 +97,8 @@ def headline(timeline: Timeline, trace: Trace, chip: ChipSpec, steps: Steps, ste
     shares = {name: sum(step_device.get(term, 0.0) for term in terms) for name, (terms, _, _) in BOUNDS.items()}
     compile_s = min(steady_compile_s(timeline, steps), shares["host dispatch"])
     shares["compile"], shares["host dispatch"] = compile_s, shares["host dispatch"] - compile_s
+    shares["DCN"] = min(dcn_exposed_s, shares["ICI"])
+    shares["ICI"] -= shares["DCN"]
     total = sum(shares.values()) or 1.0
     shares = {name: value / total for name, value in shares.items()}
     bound = max(shares, key=shares.__getitem__)

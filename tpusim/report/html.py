@@ -20,7 +20,7 @@ from markupsafe import Markup
 from tpusim.report.model import incomplete_reason
 from tpusim.report.schema import Headline, InferenceMode, MeasuredSection, ModeSection, Report
 from tpusim.report.summary import budget_line, inference_lines, mode_rows, recorded_prefix, serving_head, warmup_lines
-from tpusim.report.text import HFU_LABEL, MFU_LABEL, percent_text, seconds_text, tflops_text
+from tpusim.report.text import HFU_LABEL, MFU_LABEL, percent_text, seconds_text, slice_text, tflops_text
 from tpusim.units import format_bytes
 
 STYLE = """
@@ -149,7 +149,8 @@ def compiler_context(mode: ModeSection) -> dict[str, Any] | None:
 def render_html(report: Report, figures: dict[str, Path]) -> str:
     """report.html from templates/report.html (Jinja2, autoescaped): one page, figures embedded."""
     run, modes = report.run, report.modes
-    cards = [("script", run.script), ("slice", f"{run.topology} on {report.chip.display_name}"),
+    where = slice_text(run.topology, report.slice.slices)
+    cards = [("script", run.script), ("slice", f"{where} on {report.chip.display_name}"),
              ("chips", str(report.slice.chips))]
     best = min(modes, key=lambda m: modes[m].time_s) if modes else None
     summary = modes[best] if best else None

@@ -58,3 +58,8 @@ def ratio_text(a: float | None, b: float | None) -> str:
     if a is None or b is None or resolved(a) == 0.0 or resolved(b) == 0.0:
         return "-"
     return f"{b / a:.3g}x"
+
+
+def slice_text(topology: str, slices: int | None) -> str:
+    """A report's slice in words: '2d:4x4', or '2d:4x4 x 2 slices' for a multislice run."""
+    return topology + (f" x {slices} slices" if slices and slices > 1 else "")

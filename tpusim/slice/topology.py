@@ -132,6 +132,16 @@ def parse_slices(text: str | int, flag: str = "--slices") -> int:
     return value
 
 
+def slices_flag(text: str) -> int:
+    """``parse_slices`` as an argparse type: its message becomes argparse's one-line usage error (exit 2)."""
+    import argparse
+
+    try:
+        return parse_slices(text)
+    except TpusimError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--slices ")) from None
+
+
 _CHIP_ACCEPTED = "give a chip name such as v5p (see `tpusim chips`) or the path of a .toml chip file"
 
 
@@ -198,6 +208,11 @@ class Slice:
     shape_note: str | None = None     # not a shape the chip is offered in (tpusim.slice.shapes); priced anyway
 
     # ---- sizes -------------------------------------------------------------------------------
+    @property
+    def label(self) -> str:
+        """The spec, and the slice count when several are joined over DCN: '2d:4x4 x 2 slices'."""
+        return self.spec + (f" x {self.num_slices} slices" if self.num_slices > 1 else "")
+
     @property
     def ndims(self) -> int:
         return len(self.dims)

@@ -575,7 +575,18 @@ def case(run: Run, *, slow: bool) -> Case:
                    f"({run.model.maxtext_tflops(run.per_device_batch):.1f}) / {run.tflops_per_chip:g} TFLOP/s",
         source=run.source, where=f"{run.where}; config {run.config}", predict=predictor(run),
         model="closed-form decoder step (tpusim/validate/maxtext.py docstring), fused mode", slow=slow,
-        twin=f"product-{run.name}" if run.slices == 1 and run.data == 1 and not run.step_s and run.model.flash else "")
+        twin=f"product-{run.name}" if has_product_twin(run) else "")
+
+
+# the multislice rows up to this many slices are product cases too (the 8- to 32-slice rows stay closed-form
+# only: each product case records and prices a whole run, minutes apiece)
+MULTISLICE_PRODUCT_UP_TO = 4
+
+
+def has_product_twin(run: Run) -> bool:
+    """Whether the product path (tpusim/validate/product.py) prices this row too, as the script through `tpusim run`:
+    flash-attention rows of FSDP x tensor parallel (no ICI data parallel axis), published as a rate."""
+    return run.slices <= MULTISLICE_PRODUCT_UP_TO and run.data == 1 and not run.step_s and run.model.flash
 
 
 # --------------------------------------------------------------------------- the published rows

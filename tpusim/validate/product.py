@@ -47,7 +47,7 @@ from tpusim.errors import TpusimError
 from tpusim.hardware.spec import ChipSpec
 from tpusim.output import cache_dir
 from tpusim.validate.case import Case, Prediction
-from tpusim.validate.maxtext import RUNS, Run
+from tpusim.validate.maxtext import RUNS, Run, has_product_twin
 
 VALIDATION = Path(__file__).resolve().parents[2] / "validation"      # the cases' PyTorch scripts
 RECORD_TIMEOUT_S = 1800
@@ -81,16 +81,17 @@ class ProductRun:
     mode: str = "compile"           # how the published run ran: "compile" (compiled blocks), "fused", "strict"
     eager: str = "fused"            # the eager mode of what is not compiled: `tpusim run --mode` (TorchTPU's)
     compiler: str = "model"         # who builds the compiled programs priced: tpusim's model, or XLA (`--compiler`)
+    slices: int = 1                 # copies of the topology joined over DCN (`tpusim run --slices`)
 
 
 def _decoder_args(layers: int, emb: int, heads: int, head_dim: int, mlp_dim: int, vocab: int, seq: int, *,
                   kv_heads: int = 0, mlp: str = "swiglu", norm: str = "rms", positions: str = "rope",
                   attention: str = "causal", batch: int, tp: int = 1, remat: str,
-                  int8: bool = False) -> tuple[str, ...]:
+                  int8: bool = False, dcn: int = 1) -> tuple[str, ...]:
     args = ["--layers", layers, "--d-model", emb, "--heads", heads, "--kv-heads", kv_heads or heads,
             "--head-dim", head_dim, "--mlp-dim", mlp_dim, "--vocab", vocab, "--seq", seq, "--mlp", mlp,
             "--norm", norm, "--positions", positions, "--attention", attention, "--batch", batch, "--tp", tp,
-            "--remat", remat, "--steps", STEPS]
+            "--remat", remat, "--steps", STEPS] + (["--dcn", dcn] if dcn > 1 else [])
     return tuple(map(str, args)) + (("--int8",) if int8 else ())
 
 
@@ -100,13 +101,14 @@ def from_maxtext(run: Run) -> ProductRun:
     args = _decoder_args(m.layers, m.emb, m.heads, m.head_dim, m.mlp, m.vocab, m.seq,
                          mlp="swiglu" if m.mlp_matrices_in == 2 else "relu",
                          attention="masked" if m.attention_kept == 1.0 else "causal", batch=run.per_device_batch,
-                         tp=run.tensor, remat=REMAT[run.remat], int8=m.quantized)
+                         tp=run.tensor, remat=REMAT[run.remat], int8=m.quantized, dcn=run.slices)
+    dcn = f", data parallel over {run.slices} slices (HSDP over DCN)" if run.slices > 1 else ""
     return ProductRun(
         name=f"product-{run.name}", family=f"maxtext-{run.chip}", chip=run.chip, topology=run.topology,
-        accelerator=run.accelerator, args=args, published_s=run.published_step_s(),
+        slices=run.slices, accelerator=run.accelerator, args=args, published_s=run.published_step_s(),
         published=f"{run.tflops_per_chip:g} TFLOP/s/chip ({run.mfu} MFU)", source=run.source,
         where=f"{run.where}; config {run.config}",
-        setup=f"{run.model_label} ({m.params / 1e9:.1f}B), fsdp x tensor {run.tensor}; per-device batch "
+        setup=f"{run.model_label} ({m.params / 1e9:.1f}B), fsdp x tensor {run.tensor}{dcn}; per-device batch "
               f"{run.per_device_batch} x seq {m.seq}; remat {run.remat}",
         conversion=f"step = MaxText's TFLOPs per device per step ({m.maxtext_tflops(run.per_device_batch):.1f}) / "
                    f"{run.tflops_per_chip:g} TFLOP/s", twin=run.name)
@@ -166,8 +168,7 @@ RECIPES: tuple[ProductRun, ...] = (
             "named fp8; its run_recipe.sh says the config sets quantization=int8)"),
 )
 
-MAXTEXT_RUNS = tuple(from_maxtext(run) for run in RUNS
-                     if run.slices == 1 and run.data == 1 and not run.step_s and run.model.flash)
+MAXTEXT_RUNS = tuple(from_maxtext(run) for run in RUNS if has_product_twin(run))
 PRODUCT_RUNS: tuple[ProductRun, ...] = (*MAXTEXT_RUNS, *RECIPES)
 
 
@@ -176,8 +177,8 @@ PRODUCT_RUNS: tuple[ProductRun, ...] = (*MAXTEXT_RUNS, *RECIPES)
 def command(run: ProductRun, out: Path) -> list[str]:
     """The `tpusim run` command line a case records with (what a user would type, plus --out)."""
     return [sys.executable, "-m", "tpusim", "run", str(VALIDATION / run.script), "--topology", run.topology,
-            "--chip", run.chip, "--mode", run.eager, "--numerics", "off", "--ranks", "one", "--compiler", run.compiler,
-            "--quiet", "--out", str(out), "--", *run.args]
+            "--slices", str(run.slices), "--chip", run.chip, "--mode", run.eager, "--numerics", "off",
+            "--ranks", "one", "--compiler", run.compiler, "--quiet", "--out", str(out), "--", *run.args]
 
 
 @functools.cache
@@ -197,7 +198,8 @@ def source_digest() -> str:
 
 def cached_folder(run: ProductRun) -> Path:
     """The recording's folder in tpusim's cache: one per command line and source digest."""
-    words = [source_digest(), run.script, run.chip, run.topology, run.compiler, *run.args]
+    words = [source_digest(), run.script, run.chip, run.topology, run.compiler, *run.args] + \
+        ([f"slices={run.slices}"] if run.slices > 1 else [])
     key = hashlib.sha256("\0".join(words).encode()).hexdigest()
     return cache_dir("validate") / f"{run.name}-{key[:16]}"
 
@@ -294,15 +296,16 @@ def predictor(run: ProductRun):
 
         trace, report = recording(run)
         built = compiler_output(ask_compiler(trace, chip, run.compiler)) if run.compiler == "xla" else MODEL_ONLY
-        timeline = price(trace, topology=build_slice(run.topology, chip=chip), mode=get_mode(run.eager),
-                         compiled=built)
+        timeline = price(trace, topology=build_slice(run.topology, chip=chip, slices=run.slices),
+                         mode=get_mode(run.eager), compiled=built)
         step = timeline.steps[-1]
         mode = report["modes"][run.eager]
         hbm = mode.get("hbm", {}).get("peak_bytes") or 0
         ran = ("the blocks torch.compile'd, the rest" if run.mode == "compile" else "the whole step") + \
             f" in {run.eager.capitalize()} eager"
         notes = (f"validation/{run.script} {' '.join(run.args)}",
-                 f"{run.accelerator} = {run.topology}; {ran}; the last of {STEPS} steps",
+                 f"{run.accelerator} = {run.topology}{f' x {run.slices} slices' if run.slices > 1 else ''}; {ran}; "
+                 f"the last of {STEPS} steps",
                  f"HBM the PyTorch translation kept: {hbm / 2**30:.1f} GiB of the chip's "
                  f"{chip.hbm_bytes / 2**30:.0f} GiB")
         return Prediction(step.seconds, {"step": step.seconds}, notes)
@@ -315,8 +318,10 @@ RUNS_BY_CASE: dict[str, ProductRun] = {}      # every training case's run, by ca
 
 def case(run: ProductRun) -> Case:
     RUNS_BY_CASE[run.name] = run
-    return Case(name=run.name, kind="measured", title=f"{run.setup.split(',')[0]} training step on {run.accelerator}",
-                chip=run.chip, slice=run.topology, setup=run.setup, published=run.published,
+    on = f"{run.slices} x {run.accelerator}" if run.slices > 1 else run.accelerator
+    return Case(name=run.name, kind="measured", title=f"{run.setup.split(',')[0]} training step on {on}",
+                chip=run.chip, slice=run.topology + (f" x {run.slices} slices over DCN" if run.slices > 1 else ""),
+                setup=run.setup, published=run.published,
                 published_s=run.published_s, source=run.source, where=run.where, predict=predictor(run),
                 conversion=run.conversion, model=f"validation/{run.script} through `tpusim run` (product path)",
                 slow=run.slow or run.compiler == "xla", path="product", mode=run.mode, compiler=run.compiler,

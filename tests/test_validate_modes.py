@@ -12,6 +12,7 @@ import dataclasses
 
 import pytest
 
+from tpusim.hardware import calibration
 from tpusim.report import fidelity
 from tpusim.trace.records import OpRecord
 from tpusim.validate import CASES, Case, Prediction, Result
@@ -90,10 +91,10 @@ def test_a_small_conformer_records_in_its_mode(tmp_path, monkeypatch, mode) -> N
     assert prediction.seconds == pytest.approx(report["modes"][run.eager]["step_time_median_s"], rel=1e-8)
 
 
-def _result(name: str, mode: str, error: float, held_out: bool = True) -> Result:
+def _result(name: str, mode: str, error: float, held_out: bool = True, compiler: str = "model") -> Result:
     c = Case(name=name, title=name, kind="measured", chip="v6e", slice="2d:2x4", setup="", published="1 s",
              published_s=1.0, source="", where="", predict=lambda chip: Prediction(1.0 + error), path="product",
-             mode=mode)
+             mode=mode, compiler=compiler)
     return Result(c, 1.0 + error, Prediction(1.0 + error), calibrated=True, held_out=held_out)
 
 
@@ -108,17 +109,19 @@ def test_only_a_mode_whose_every_case_ran_may_have_its_band_written() -> None:
 
 def test_a_modes_band_is_its_held_out_cases_and_the_report_reads_it(tmp_path, monkeypatch) -> None:
     results = [_result("a", "fused", -0.07), _result("b", "fused", 0.03), _result("c", "compile", 0.11),
-               _result("fit", "compile", 0.5, held_out=False)]
+               _result("fit", "compile", 0.5, held_out=False), _result("c@xla", "compile", -0.3, compiler="xla")]
     bands = mode_bands(results)
     assert bands["fused"] == {"cases": 2, "mean_abs_error": pytest.approx(0.05), "max_abs_error": pytest.approx(0.07),
                               "worst": "a"}
     assert bands["compile"]["cases"] == 1 and "strict" not in bands        # a fit case is no evidence
+    assert bands["compile@xla"]["max_abs_error"] == pytest.approx(0.3)      # each compiler path its own band
     path = tmp_path / "error_bands.toml"
-    write_bands(results, {"fused", "compile"}, path)
+    write_bands(results, {"fused", "compile", "compile@xla"}, path)
     write_bands([_result("d", "strict", 0.2)], {"strict"}, path)       # keeps the other modes' tables
-    monkeypatch.setattr(fidelity, "error_bands_path", lambda: path)
-    fidelity.bands.cache_clear()
+    monkeypatch.setattr(calibration, "error_bands_path", lambda: path)
+    calibration.error_bands.cache_clear()
     try:
+        assert fidelity.fidelity("fused", ran_compiled=True, compiler="xla")["max_abs_error"] == pytest.approx(0.3)
         fused = fidelity.fidelity("fused", ran_compiled=False)
         assert fused["cases"] == 2 and fused["max_abs_error"] == pytest.approx(0.07)
         assert fidelity.fidelity("fused", ran_compiled=True)["validated_as"] == "compile"
@@ -127,7 +130,7 @@ def test_a_modes_band_is_its_held_out_cases_and_the_report_reads_it(tmp_path, mo
         assert fidelity.band_text("debug", 0, None, None) == "no band (debug)"
         assert fidelity.band_text("fused", 2, 0.05, 0.07) == "±5.0% (max 7.0%, 2 fused cases)"
     finally:
-        fidelity.bands.cache_clear()
+        calibration.error_bands.cache_clear()
 
 
 def test_both_compilers_price_each_training_case_side_by_side() -> None:

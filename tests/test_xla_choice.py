@@ -60,3 +60,31 @@ def test_the_terminal_line_without_the_compiler():
     mode = ModeSection.model_construct(total_s=1.0, compiler="model", xla=XlaSection(fell_back=[f"g: {NO_EXTRA}"]))
     report = type("R", (), {"modes": {"strict": mode}})()
     assert xla_lines(report) == [f"TPU compiler: not used ({NO_EXTRA})"]
+
+
+@pytest.fixture
+def extra_installed(monkeypatch):
+    monkeypatch.setattr(programs, "missing", lambda: None)
+
+
+def bands(monkeypatch, **by_key):
+    monkeypatch.setattr(programs, "error_bands", lambda: {k.replace("_at_", "@"): v for k, v in by_key.items()})
+
+
+def test_auto_leaves_an_unvalidated_compiler_path_alone(extra_installed, monkeypatch):
+    bands(monkeypatch, compile=MODEL)
+    assert not programs.use_compiler("auto") and programs.use_compiler("xla")
+    assert "tpusim validate --compiler xla --write-bands" in programs.auto_declined()
+    estimates = ask_compiler(TRACE, None, "auto")
+    assert not estimates.priced and "has not" in estimates.fell_back[0]
+
+
+MODEL = {"cases": 13, "mean_abs_error": 0.045}
+
+
+def test_auto_takes_the_path_closer_to_published_runs(extra_installed, monkeypatch):
+    bands(monkeypatch, compile=MODEL, compile_at_xla={"cases": 13, "mean_abs_error": 0.2})
+    assert not programs.use_compiler("auto")
+    assert "±4.5% over 13 cases" in programs.auto_declined() and "±20.0% over 13" in programs.auto_declined()
+    bands(monkeypatch, compile=MODEL, compile_at_xla={"cases": 13, "mean_abs_error": 0.03})
+    assert programs.use_compiler("auto") and programs.auto_declined() is None

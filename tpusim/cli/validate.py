@@ -84,12 +84,14 @@ def run(args: argparse.Namespace) -> int:
         raise TpusimError("--write-bands writes what the report prints: the calibrated chips on the model path "
                           "(drop --no-calibration and --compiler)")
     cases = [find_case(CASES, name) for name in args.case] if args.case else list(CASES)
+    suite = list(CASES)                      # every case of each band, for --write-bands
     if args.compiler != "model":
         from tpusim.pricing.compiled import check_compiler
         from tpusim.validate.product import with_compiler
 
         check_compiler("xla")                # the extra missing: one line before anything records
         cases = with_compiler(cases, args.compiler)
+        suite = with_compiler(suite, args.compiler)
     if args.fast:
         cases = [c for c in cases if not c.slow]
     started = time.monotonic()
@@ -108,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         _write_json(args.json, {"calibrated": calibration, "results": [r.to_dict() for r in results],
                                 "summary": {k: s.to_dict() for k, s in summary.items()}, "modes": bands})
     if args.write_bands:
-        modes = complete_modes(results, list(CASES))
+        modes = complete_modes(results, suite)
         if not modes:
             raise TpusimError("--write-bands: no mode had every one of its cases priced here (run them all, or every "
                               "case of one mode with --case)")

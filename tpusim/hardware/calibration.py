@@ -230,6 +230,23 @@ def error_bands_path() -> Path:
     return topologies_dir() / "fidelity" / "error_bands.toml"
 
 
+@functools.cache
+def error_bands() -> dict[str, dict]:
+    """The bands file's tables by key ({} when it is missing or unreadable: nothing validated). A key is the
+    mode a published run used ("compile", "fused", "strict") priced by tpusim's model, or that mode and the
+    compiler path that priced it ("compile@xla": the TPU compiler's programs); ``band_key`` spells it."""
+    try:
+        data = tomllib.loads(error_bands_path().read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return {}
+    return {key: band for key, band in data.items() if isinstance(band, dict)}
+
+
+def band_key(mode: str, compiler: str = "model") -> str:
+    """The bands file's key of ``mode`` priced through ``compiler`` ("model" or "xla")."""
+    return mode if compiler == "model" else f"{mode}@{compiler}"
+
+
 def available_calibrations() -> list[str]:
     """Chips that have a calibration file, by name."""
     folder = calibration_dir()

@@ -35,8 +35,7 @@ def ask_compiler(trace: Trace, chip: ChipSpec, compiler: str,
                  say: Callable[[str], None] | None = None) -> XlaEstimates | None:
     """What the TPU compiler built for the trace's programs, or why it built nothing (None: nothing it would
     build, or --compiler model for an eager-only run)."""
-    from tpusim.xla.compiler import missing
-    from tpusim.xla.programs import XlaEstimates, estimate_programs, use_compiler
+    from tpusim.xla.programs import XlaEstimates, auto_declined, estimate_programs, use_compiler
 
     modules = trace.meta.xla_modules or ()
     if use_compiler(compiler):
@@ -45,7 +44,7 @@ def ask_compiler(trace: Trace, chip: ChipSpec, compiler: str,
         return XlaEstimates(fell_back=tuple(f"{m.label}: --compiler model" for m in modules)) if modules else None
     if not modules and not any(isinstance(r, OpRecord) for r in trace.records):
         return None                          # nothing the compiler would have built
-    why = missing()                          # auto without the extra: one line says what it would add
+    why = auto_declined()                    # auto without the compiler: one line says why
     return XlaEstimates(fell_back=tuple(f"{label}: {why}" for label in [m.label for m in modules] or ["eager ops"]))
 
 

@@ -9,21 +9,8 @@ script), else the eager mode itself. A mode without a measured band says so ("no
 
 from __future__ import annotations
 
-import functools
-import tomllib
-
-from tpusim.hardware.calibration import error_bands_path
+from tpusim.hardware.calibration import band_key, error_bands
 from tpusim.trace.records import OpRecord, Trace
-
-
-@functools.cache
-def bands() -> dict[str, dict]:
-    """The bands file's tables by mode ({} when it is missing or unreadable: every mode "not validated")."""
-    try:
-        data = tomllib.loads(error_bands_path().read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return {}
-    return {mode: band for mode, band in data.items() if isinstance(band, dict)}
 
 
 def compiled(trace: Trace) -> bool:
@@ -31,10 +18,11 @@ def compiled(trace: Trace) -> bool:
     return any(op.program > 0 for op in trace.of_kind(OpRecord))
 
 
-def fidelity(mode: str, ran_compiled: bool) -> dict:
-    """report.json's modes.<mode>.fidelity: the band the mode was validated as (cases 0: none)."""
-    key = "compile" if ran_compiled else mode
-    band = bands().get(key, {})
+def fidelity(mode: str, ran_compiled: bool, compiler: str = "model") -> dict:
+    """report.json's modes.<mode>.fidelity: the band the mode was validated as, through the compiler path that
+    priced it ("compile@xla" where the TPU compiler built the programs; cases 0: none)."""
+    key = band_key("compile" if ran_compiled else mode, compiler)
+    band = error_bands().get(key, {})
     cases = int(band.get("cases", 0))
     return {"validated_as": key, "cases": cases,
             "mean_abs_error": float(band["mean_abs_error"]) if cases else None,

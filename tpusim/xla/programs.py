@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tpusim.eager.fusion import ClusterCall, CompiledProgram, FusedKernel, fuse
+from tpusim.hardware.calibration import band_key, error_bands
 from tpusim.hardware.spec import ChipSpec
 from tpusim.trace.records import Trace, XlaModule, rank_records
 from tpusim.xla.clusters import compose
@@ -37,7 +38,7 @@ from tpusim.xla.compiler import (
 from tpusim.xla.hlo import XlaProgram, parse_program
 from tpusim.xla.kernels import program_records
 
-COMPILERS = ("auto", "xla", "model")   # --compiler: auto = xla where the extra is installed
+COMPILERS = ("auto", "xla", "model")   # --compiler: auto = the path with the better validated error (auto_declined)
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,30 @@ class XlaEstimates:
 
 def use_compiler(choice: str) -> bool:
     """Whether ``--compiler`` asks for XLA here: xla always (a missing extra is then an error), auto where
-    the extra is installed, model never."""
+    ``auto_declined`` finds no reason against it, model never."""
     if choice == "model":
         return False
-    return choice == "xla" or missing() is None
+    return choice == "xla" or auto_declined() is None
+
+
+def auto_declined() -> str | None:
+    """Why ``--compiler auto`` does not take the TPU compiler here, in one line; None when it does. auto takes the
+    path whose compiled programs `tpusim validate` found closer to published runs (the held-out mean |error| of
+    each path's compile band, topologies/fidelity/error_bands.toml): the TPU compiler's only where the xla extra
+    is installed and its band is measured and no worse than tpusim's model's."""
+    why = missing()
+    if why:
+        return why
+    bands = error_bands()
+    xla, model = bands.get(band_key("compile", "xla")), bands.get(band_key("compile"))
+    if xla is None:
+        return ("auto takes the TPU compiler's programs once `tpusim validate --compiler xla --write-bands` has "
+                "measured them against published runs, which it has not; --compiler xla asks for them anyway")
+    if model is not None and float(xla["mean_abs_error"]) > float(model["mean_abs_error"]):
+        return (f"auto takes the path closer to published runs: tpusim's model (±{float(model['mean_abs_error']):.1%} "
+                f"over {model['cases']} cases) over the TPU compiler's (±{float(xla['mean_abs_error']):.1%} over "
+                f"{xla['cases']}); --compiler xla asks for it anyway")
+    return None
 
 
 class Counter(Protocol):

@@ -47,6 +47,7 @@ examples:
 
 def add_parser(subparsers) -> None:
     from tpusim.eager.modes import DEFAULT_MODE
+    from tpusim.run.options import add_fit_batch_argument, add_slices_argument
 
     parser = subparsers.add_parser(
         "check", help="CI gate: run a script and fail on step-time / HBM budgets or lint findings",
@@ -54,6 +55,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("script", metavar="SCRIPT", help="the Python file to run, e.g. train.py")
     parser.add_argument("--topology", metavar="SPEC", help="slice shape, e.g. 3d:4x4x4 (default: one chip)")
     parser.add_argument("--chip", help="chip generation, e.g. v5p, v6e")
+    add_slices_argument(parser)
     parser.add_argument("--mode", default=DEFAULT_MODE, help=f"eager mode(s) (default {DEFAULT_MODE}); "
                                                               f"budgets apply to every mode given")
     parser.add_argument("--numerics", choices=("on", "off", "tpu"), default="on",
@@ -74,6 +76,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--compiler", choices=COMPILERS, default="auto",
                         help="who prices the programs: xla (the real TPU compiler, deviceless), model or auto "
                              "(default), as in tpusim run")
+    add_fit_batch_argument(parser)
     parser.add_argument("--junit", metavar="FILE", help="also write the checks as JUnit XML to FILE")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout (the script's "
                                                             "own output then goes to stderr)")
@@ -103,9 +106,9 @@ def run_options(args: argparse.Namespace, out_dir: Path) -> RunOptions:
     from tpusim.run.options import RunOptions, modes_of
 
     return RunOptions(script=args.script, script_args=tuple(args.script_args), chip=args.chip, topology=args.topology,
-                      modes=modes_of(args.mode), numerics=args.numerics, placement=args.placement,
+                      slices=args.slices, modes=modes_of(args.mode), numerics=args.numerics, placement=args.placement,
                       out=str(out_dir), quiet=True, compiler=args.compiler, calibration=not args.no_calibration,
-                      table=False)
+                      table=False, fit_batch=args.fit_batch)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -153,7 +156,8 @@ def summarise(report: Report, checks: list[Check], status: int, out: str) -> dic
         "script": report.run.script, "topology": report.run.topology, "chip": report.run.chip,
         "modes": {mode: {"step_time_s": entry.step_time_median_s, "hbm_peak_bytes": entry.hbm.peak_bytes,
                          "hbm_peak_fraction": entry.hbm.peak_fraction, "hfu": entry.hfu,
-                         "mfu": entry.headline.model_flops_utilisation if entry.headline else None}
+                         "mfu": entry.headline.model_flops_utilisation if entry.headline else None,
+                         **({"largest_batch": entry.largest_batch.model_dump()} if entry.largest_batch else {})}
                   for mode, entry in report.modes.items()},
         "checks": [{"name": c.name, "passed": c.passed, "message": c.message} for c in checks],
         "lint": sorted({w.code for w in report.warnings}),

@@ -58,10 +58,13 @@ def _command_module(module_name: str):
         raise
 
 
+VALUE_IS_A_FLAG = frozenset({"--fit-batch"})    # its value names the script's own flag: --fit-batch --batch
+
+
 def _negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     """``--max-step-time -5ms`` as ``--max-step-time=-5ms``: argparse reads a value that starts with "-" and a
     digit but is no plain number as a flag, and said only "expected one argument" (issue 44, H01); joined, the
-    flag's own check says what is wrong with the value."""
+    flag's own check says what is wrong with the value. So is ``--fit-batch --batch`` (``VALUE_IS_A_FLAG``)."""
     command = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
     sub = command.choices.get(argv[0]) if command is not None and argv else None
     if sub is None:
@@ -69,8 +72,8 @@ def _negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[s
     takes_value = {flag for action in sub._actions if action.nargs is None for flag in action.option_strings}
     joined: list[str] = []
     for arg in argv:
-        if (joined and joined[-1] in takes_value and len(arg) > 1 and arg[0] == "-" and arg[1].isdigit()
-                and arg[1:2].isascii()):
+        if (joined and joined[-1] in takes_value and len(arg) > 1 and arg[0] == "-"
+                and ((arg[1].isdigit() and arg[1:2].isascii()) or joined[-1] in VALUE_IS_A_FLAG)):
             joined[-1] = f"{joined[-1]}={arg}"
         else:
             joined.append(arg)

@@ -27,6 +27,7 @@ examples:
   python -m tpusim run examples/mlp.py --numerics tpu           # the values a TPU computes (bf16 MXU passes)
   python -m tpusim run examples/dlrm.py --chip v5e --topology 2d:4x4 --out reports/dlrm-v5e
   python -m tpusim run examples/mlp.py --target pjrt --mode all # also run each mode for real through JAX
+  python -m tpusim run examples/mlp.py --chip v5e --fit-batch batch -- --batch 64   # the largest that fits
 
 --target pjrt: after pricing, each mode runs the script for real
 on JAX's default device (a TPU where JAX sees one, else its CPU or GPU), in a fresh process with
@@ -61,7 +62,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 def add_parser(subparsers) -> None:
     from tpusim.eager.modes import DEFAULT_MODE, MODES
     from tpusim.hardware.calibration import add_calibration_argument
-    from tpusim.run.options import NUMERICS
+    from tpusim.run.options import NUMERICS, add_fit_batch_argument, add_slices_argument
     from tpusim.slice.faults import add_fault_arguments
     from tpusim.xla.programs import COMPILERS
 
@@ -73,6 +74,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--topology", metavar="SPEC",
                         help="slice shape, e.g. 3d:8x8x8 or 2d:16x16 (default: a single chip)")
     parser.add_argument("--chip", help="chip generation, e.g. v5p, v6e (default: by topology; v5p alone)")
+    add_slices_argument(parser)
     parser.add_argument("--mode", default=None,
                         help=f"eager mode(s) to price: {', '.join(MODES)}, a comma list, or all (default: the "
                              f"mode the environment selects for the script, TPUSIM_EAGER_MODE or TorchTPU's "
@@ -92,8 +94,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--compiler", choices=COMPILERS, default="auto",
                         help="who builds the programs tpusim prices (torch.compile graphs, Fused eager clusters, "
                              "eager ops): xla (the real TPU compiler, deviceless; needs pip install -e \".[xla]\"), "
-                             "model (tpusim's own fusion model) or auto (xla where the extra is installed; "
-                             "default). The report gives XLA's own estimate and tpusim's model beside it")
+                             "model (tpusim's own fusion model) or auto (default: the path `tpusim validate` "
+                             "found closer to published runs, xla only where the extra is installed and its "
+                             "validated band is no worse). The first lines say which path priced the table")
     parser.add_argument("--compare-placements", action="store_true",
                         help="also price every distinct placement of the DeviceMesh, ranked by step time")
     parser.add_argument("--target", choices=("sim", "pjrt"), default="sim",
@@ -111,6 +114,7 @@ def add_parser(subparsers) -> None:
                              "step, it stops at exactly N records (the report prices that prefix); per rank "
                              "with --ranks all; default TPUSIM_MAX_RECORDS or 6e5 (under 2 GB), 0: no limit")
     add_fault_arguments(parser)
+    add_fit_batch_argument(parser)
     parser.set_defaults(run=run, script_args=[])
 
 

@@ -8,7 +8,7 @@
 
 Why a module of its own, outside the device: both layers read the mode. The tpu device
 (tpusim/backend/) turns debug into real behaviour (every op's floating results checked for NaN/Inf at
-the op, an optional one-line log per op: tpusim/backend/debug.py) and records each change in the
+the op, an optional one-line log per op: tpusim/backend/dispatch/debug_mode.py) and records each change in the
 trace; the simulator prices any recorded program under every mode (tpusim/eager/modes.py).
 
 The default is read once, at first use, from the environment: ``TPUSIM_EAGER_MODE`` (a mode

@@ -102,6 +102,9 @@ when it compares a version 3 or 4 report with an older one::
       host_stalls              [{reason, source, seconds}] where the host waited for the device
       offload                  (only when activations were kept on the host; tpusim/report/offload.py)
                                host_peak_bytes, d2h_bytes, h2d_bytes, d2h_copies, h2d_copies, pcie_s, pcie_exposed_s
+      largest_batch            (only with --fit-batch ARG; tpusim/run/batch_fit.py) argument ("--batch"), value (the
+                               largest that fits; 0: not even 1), exact, peak_bytes, next_peak_bytes (at value + 1),
+                               capacity_bytes, recordings
     warnings                   [{code, message, source}] (TPU-readiness lint; codes: tpusim/report/lint.py RULES)
     distributed                (tpusim run only) ranks ("one" | "all"), world_size, placement
                                ("tp=x,fsdp=yz"), numerics_rule, not_reference_correct [{kind, source,
@@ -136,7 +139,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -149,6 +152,7 @@ from tpusim.pricing import priced_chip
 from tpusim.pricing.timeline import Timeline
 from tpusim.report import fidelity
 from tpusim.report.collectives import collective_entry, group_collectives
+from tpusim.report.dcn import dcn_entry
 from tpusim.report.headline import NO_STEPS_MARKED, headline
 from tpusim.report.inference import inference_section
 from tpusim.report.links import link_summary
@@ -225,7 +229,8 @@ class RunInfo:
 def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str, Timeline],
                  warnings: Sequence[LintWarning] = (), *, distributed: Distributed | None = None,
                  placements: PlacementComparison | None = None, measured: Measured | None = None,
-                 faults: dict[str, Any] | None = None, xla: XlaEstimates | None = None) -> Report:
+                 faults: dict[str, Any] | None = None, xla: XlaEstimates | None = None,
+                 largest_batch: Mapping[str, dict[str, Any]] | None = None) -> Report:
     """The report of a run (report.json's typed model, tpusim/report/schema.py): every section from its typed
     part (see the module docstring)."""
     chip = slice_.chip
@@ -252,9 +257,6 @@ def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str
         "warnings": [asdict(w) for w in warnings],
         "inference": inference_section(trace, timelines, chip, slice_.total_chips, device_split),
     }
-    ran_compiled = fidelity.compiled(trace)
-    for mode, section in report["modes"].items():
-        section["fidelity"] = fidelity.fidelity(mode, ran_compiled)
     if report["inference"] is not None:     # a decode loop marks no training steps, and nothing is wrong with that
         for section in report["modes"].values():
             head = section["headline"]
@@ -263,12 +265,18 @@ def build_report(info: RunInfo, trace: Trace, slice_: Slice, timelines: dict[str
     if xla is not None:             # the run had compiled programs: who priced them (tpusim/report/xla.py)
         for mode, section in xla_sections(xla, timelines, trace, chip).items():
             report["modes"][mode].update(section)
+    ran_compiled = fidelity.compiled(trace)
+    for mode, section in report["modes"].items():      # the band of the path that priced the mode
+        section["fidelity"] = fidelity.fidelity(mode, ran_compiled, section.get("compiler", "model"))
     if distributed is not None:
         report["distributed"] = asdict(distributed)
     if placements is not None:
         report["placements"] = placements_section(placements)
     if faults is not None:          # tpusim.slice.faults.slowdown_section: the faulted slice against the healthy one
         report["faults"] = faults
+    for mode, fit in (largest_batch or {}).items():     # --fit-batch: tpusim/run/batch_fit.py
+        if mode in report["modes"]:
+            report["modes"][mode]["largest_batch"] = dict(fit)
     report = rounded(report)
     if measured is not None:        # after rounding: it compares with the rounded simulated medians
         world = slice_.total_chips if report["program"]["collectives"] else 1
@@ -339,8 +347,9 @@ def mode_report(timeline: Timeline, trace: Trace, slice_: Slice, tokens_per_step
     steady = (device_split(timeline, steps.steady_start_s, steps.steady_end_s, steps.steady)
               if steps.count else device)
     calls = [collective_entry(run) for run in timeline.collectives]
+    dcn = dcn_entry(timeline, slice_, steps)
     head = headline(timeline, trace, chip, steps, steady, slice_.total_chips, tokens_per_step, set(warning_codes),
-                    prefix=prefix)
+                    prefix=prefix, dcn_exposed_s=(dcn["dcn"]["step_exposed_s"] or 0.0) if dcn else 0.0)
     return {
         "total_s": timeline.total_s,
         "steps_s": [s.seconds for s in timeline.steps],
@@ -367,6 +376,7 @@ def mode_report(timeline: Timeline, trace: Trace, slice_: Slice, tokens_per_step
         "links": link_summary(timeline, tuple(slice_.dims), steps.steady_start_s, steps.steady_end_s),
         "host_stalls": host_stalls(timeline),
         **offload_entry(timeline, trace),
+        **dcn,
     }
 
 

@@ -364,6 +364,32 @@ class Offload(Part):
     pcie_exposed_s: Num = 0.0           # the part compute did not hide: blocking copies, device waits for a copy
 
 
+class Dcn(Part):
+    """modes.<mode>.dcn (version 6 on; only on more than one slice): per chip, the collectives whose groups span
+    slices over DCN, their buffers' bytes, their time and the part compute did not hide (tpusim/report/dcn.py)."""
+
+    slices: int
+    collectives: int
+    bytes: Num                          # their recorded buffers
+    time_s: Num
+    exposed_s: Num                      # device waits on them, whole program
+    step_exposed_s: Num | None = None   # the same per steady-state step (None without steps)
+    dcn_bytes_per_s: Num | None = None  # the chip's DCN rate (topologies/dcn.toml)
+
+
+class LargestBatch(Part):
+    """modes.<mode>.largest_batch (version 6 on; only with --fit-batch ARG): the largest value of the script's batch
+    argument whose HBM peak fits the chip, each value tried recorded again shape-only (tpusim/run/batch_fit.py)."""
+
+    argument: str                       # the script's flag, e.g. "--batch"
+    value: int                          # the largest found to fit; 0: not even 1 fits
+    exact: bool                         # value + 1 was recorded and does not fit (else value is a lower bound)
+    capacity_bytes: int                 # the chip's HBM the peaks were held against
+    recordings: int                     # recordings the search made (its modes together)
+    peak_bytes: int | None = None       # the HBM peak at value (None at 0)
+    next_peak_bytes: int | None = None  # at value + 1 (None: not recorded, or it ran out of memory)
+
+
 class ModeSection(Part):
     """modes.<mode>: one eager mode priced."""
 
@@ -392,6 +418,8 @@ class ModeSection(Part):
     compiler: str | None = None         # who priced the compiled programs: "xla" or "model" (runs with some)
     xla: XlaSection | None = None
     offload: Offload | None = None      # activations kept on the host (version 6 on; absent when none were)
+    dcn: Dcn | None = None              # collectives between slices (version 6 on; absent on one slice)
+    largest_batch: LargestBatch | None = None   # the largest batch that fits (version 6 on; only with --fit-batch)
     fidelity: Fidelity | None = None    # the mode's validated error band (version 6 on)
 
     @property

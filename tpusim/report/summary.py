@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tpusim.report.fidelity import band_text
 from tpusim.report.model import incomplete_reason
 from tpusim.report.schema import CompileCache, Headline, InferenceMode, InferenceSection, ModeSection, Report, StepsInfo
-from tpusim.report.text import HFU_LABEL, MFU_LABEL, MXU_LABEL, percent_text, seconds_text, tflops_text
+from tpusim.report.text import HFU_LABEL, MFU_LABEL, MXU_LABEL, percent_text, seconds_text, slice_text, tflops_text
 from tpusim.units import format_bytes
+
+if TYPE_CHECKING:
+    from tpusim.report.schema import LargestBatch
 
 RECOMPILES_SHOWN = 5
 
@@ -169,7 +174,53 @@ def mode_rows(modes: Modes, names: list[str], partial: bool = False,
         ("HBM peak", [f"{format_bytes(modes[m].hbm.peak_bytes)} "
                       f"({percent_text(modes[m].hbm.peak_fraction)})" for m in names]),
         *offload_rows(modes, names),
+        *dcn_rows(modes, names),
+        *largest_batch_rows(modes, names),
     ]
+
+
+LARGEST_BATCH = "largest batch (fits)"
+
+
+def largest_batch_rows(modes: Modes, names: list[str]) -> list[tuple[str, list[str]]]:
+    """--fit-batch ARG (tpusim/run/batch_fit.py), only when asked: the largest value of the script's batch argument
+    whose HBM peak fits the chip."""
+    if not any(modes[m].largest_batch for m in names):
+        return []
+    return [(LARGEST_BATCH, [largest_batch_text(modes[m].largest_batch) for m in names])]
+
+
+def largest_batch_text(fit: LargestBatch | None) -> str:
+    """"412 (--batch)"; ">= 65536 (--batch)" where the search stopped before a batch that does not fit."""
+    if fit is None:
+        return "-"
+    return f"{fit_text(fit.value, fit.exact)} ({fit.argument})"
+
+
+def fit_text(value: int, exact: bool) -> str:
+    """A largest batch: 412, or >= 412 when the search stopped before recording one that does not fit."""
+    return str(value) if exact else f">= {value}"
+
+
+def dcn_rows(modes: Modes, names: list[str]) -> list[tuple[str, list[str]]]:
+    """The collectives between slices (tpusim/report/dcn.py), only on a multislice run: how many and how much
+    they carried, and their time with the part compute did not hide."""
+    if not any(modes[m].dcn for m in names):
+        return []
+    dcns = [modes[m].dcn for m in names]
+    return [("DCN collectives", ["-" if d is None else f"{d.collectives} ({format_bytes(d.bytes)})" for d in dcns]),
+            ("DCN time (exposed)", ["-" if d is None else f"{seconds_text(d.time_s)} ({seconds_text(d.exposed_s)})"
+                                    for d in dcns])]
+
+
+def priced_by_line(modes: Modes) -> str | None:
+    """Who priced the table's compiled programs (the TPU compiler or tpusim's model, as --compiler chose) and the
+    validated error band of that path for the fastest mode; None for a run without a priced mode."""
+    if not modes:
+        return None
+    name, mode = min(modes.items(), key=lambda item: item[1].time_s)
+    who = "the TPU compiler's programs (XLA)" if mode.compiler == "xla" else "tpusim's model"
+    return f"priced by {who}; validated error ({name}): {_band(mode) or 'not recorded (an older report)'}"
 
 
 def offload_rows(modes: Modes, names: list[str]) -> list[tuple[str, list[str]]]:
@@ -206,8 +257,15 @@ def raised_lines(report: Report, out_dir: str) -> list[str]:
     return [f"tpusim: {report.run.script} on {report.run.topology} raised {report.error.type} after "
             f"{report.program.ops} ops and {report.program.collectives} collectives; what ran before it priced: "
             f"{priced}" + (f"; {found} warning{'s' if found != 1 else ''} in the report" if found else ""),
+            *largest_batch_lines(modes),      # --fit-batch: most wanted when the batch given ran out of memory
             f"INCOMPLETE: {incomplete_reason(report)}; the report covers what ran before",
             report_line(report, out_dir)]
+
+
+def largest_batch_lines(modes: Modes) -> list[str]:
+    """The largest batch that fits, per mode, in one line where there is no table to hold the row."""
+    fits = [f"{name} {largest_batch_text(mode.largest_batch)}" for name, mode in modes.items() if mode.largest_batch]
+    return [f"{LARGEST_BATCH}: {', '.join(fits)}"] if fits else []
 
 
 def _raised(report: Report) -> bool:
@@ -240,9 +298,11 @@ def summary_table(report: Report, out_dir: str) -> str:
     calibration = report.chip.calibration
     chip = report.chip.display_name + (f", calibrated ({calibration})" if report.chip.calibrated
                                        else ", uncalibrated" if calibration else "")
-    lines = [f"tpusim: {run.script} on {run.topology} ({chip}, "
+    lines = [f"tpusim: {run.script} on {slice_text(run.topology, report.slice.slices)} ({chip}, "
              f"{_chips(report.slice.chips)}) - {program.ops} ops, {program.collectives} collectives, "
              f"{steps}{per_rank}"]
+    if priced := priced_by_line(modes):
+        lines.append(priced)
     if report.slice.shape_note:
         lines.append(f"warning: {report.slice.shape_note}")
     if note := budget_line(report):              # the record budget: the columns price what was recorded
@@ -267,7 +327,7 @@ def verdict_summary(report: Report, out_dir: str) -> str:
     if _raised(report):
         return "\n".join(raised_lines(report, out_dir))
     table = summary_table(report, out_dir).splitlines()
-    lines = [table[0], *lead_verdicts(report.modes, report.inference)]
+    lines = [table[0], *lead_verdicts(report.modes, report.inference), *largest_batch_lines(report.modes)]
     if report.warnings:
         codes = sorted({w.code for w in report.warnings})
         lines.append(f"{len(report.warnings)} warning{'s' if len(report.warnings) != 1 else ''} "

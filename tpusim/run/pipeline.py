@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from tpusim.output import EarlierRun, FolderClaim
     from tpusim.report import Measured
     from tpusim.report.schema import Report
+    from tpusim.run.batch_fit import Fitter
     from tpusim.trace.records import Trace
 
 
@@ -69,6 +70,10 @@ def run_pipeline(options: RunOptions) -> RunResult:
     from tpusim.slice.topology import build_slice, load_chip_arg
 
     script = check_script(options.script)
+    if options.fit_batch is not None:           # --fit-batch: the script's batch argument, before the script runs
+        from tpusim.run.batch_fit import batch_argument
+
+        batch_argument(options.fit_batch, options.script_args)
     if options.compiler == "xla":
         from tpusim.xla.compiler import missing
 
@@ -88,7 +93,7 @@ def run_pipeline(options: RunOptions) -> RunResult:
         topology, chip = options.topology, chip_arg
     try:
         # bad topology/chip fails here, before the script runs
-        slice_ = build_slice(topology, chip=chip, calibrated=options.calibration)
+        slice_ = build_slice(topology, chip=chip, slices=options.slices, calibrated=options.calibration)
     except TpusimError as error:
         if chip_from != "device":
             raise
@@ -97,7 +102,8 @@ def run_pipeline(options: RunOptions) -> RunResult:
     slice_ = apply_faults(slice_, options.fail_links, options.fail_chips, options.fault_seed)
     if options.placement is not None:                 # its syntax and axes now; its dims once the mesh is recorded
         parse_placement_text(options.placement, slice_)
-    claim, earlier = _claim_out_dir(options.out, script, slice_.spec)  # a folder we can write, no other run writing it
+    # a folder we can write, no other run writing it
+    claim, earlier = _claim_out_dir(options.out, script, slice_.label.replace(" x ", "-x").replace(" ", ""))
     try:
         # absolute from here on: a script that calls os.chdir() must not move its report (issue 32)
         return _record_and_report(options, script, slice_, device, chip_from, claim.folder.absolute(), progress,
@@ -139,7 +145,7 @@ def _record_and_report(options: RunOptions, script: Path, slice_, device: JaxDev
     """Run the script once, recording; then price, report, and return the exit status. Whatever happens after the
     script ran, what this run wrote replaces the earlier run's files in ``out_dir`` (``_finish_folder``)."""
     chips = f"{slice_.total_chips} chip{'' if slice_.total_chips == 1 else 's'}"
-    progress.say(f"running {script.name} on {slice_.spec} ({slice_.chip.display_name}, {chips}), "
+    progress.say(f"running {script.name} on {slice_.label} ({slice_.chip.display_name}, {chips}), "
                  f"numerics {options.numerics}")
     backend = _import_backend()
     settings: dict[str, object] = {"chip": datasheet_chip(slice_.chip), "numerics": options.numerics != "off",
@@ -180,6 +186,7 @@ def _record_and_price(options: RunOptions, script: Path, slice_, device: JaxDevi
 
     started = time.perf_counter()
     budget_stop = None                       # set when the record budget stopped recording
+    fit = _batch_fitter(options, script, slice_, progress)
     if ranks_dir is not None:
         progress.say(f"--ranks all: {slice_.total_chips} processes, one per chip")
         with signals_stop_the_script():     # SIGTERM, SIGHUP: every rank stops as at Ctrl-C (issue 32, row 1)
@@ -214,7 +221,7 @@ def _record_and_price(options: RunOptions, script: Path, slice_, device: JaxDevi
         _keep_recording(trace, out_dir)      # before pricing: whatever pricing does, the recording is kept
         try:
             report, measured, stopped = _price_and_report(trace, slice_, options, outcome, torch.__version__,
-                                                          out_dir, progress, interrupts, measure, budget_stop)
+                                                          out_dir, progress, interrupts, measure, budget_stop, fit)
         except TpusimError:
             raise
         except Exception as error:           # a tpusim bug while pricing: one line, the traceback kept beside
@@ -303,9 +310,9 @@ def _finish_folder(out_dir: Path, earlier: EarlierRun, ranks_dir: Path | None, o
 
 
 def _budget_stop(recorder):
-    """The report's ``recording_stopped`` when the record budget stopped ``recorder`` (tpusim/backend/recorder.py),
-    else None."""
-    from tpusim.backend.recorder import budget_note
+    """The report's ``recording_stopped`` when the record budget stopped ``recorder``
+    (tpusim/backend/program_trace/recorder.py), else None."""
+    from tpusim.backend.program_trace.recorder import budget_note
     from tpusim.report.model import RecordingStopped
 
     if recorder.stopped_after_step is None:
@@ -313,6 +320,16 @@ def _budget_stop(recorder):
     return RecordingStopped(recorder.stopped_after_step, recorder.steps, recorder.max_records,
                             budget_note(recorder.stopped_after_step, recorder.steps, recorder.max_records,
                                         recorder.kept), recorder.kept)
+
+
+def _batch_fitter(options: RunOptions, script: Path, slice_, progress: Progress) -> Fitter | None:
+    """--fit-batch ARG: what searches the largest batch once the run is priced (tpusim/run/batch_fit.py), made before
+    the script runs (it keeps the folder and environment the run started in); None without the flag."""
+    if options.fit_batch is None:
+        return None
+    from tpusim.run.batch_fit import Fitter
+
+    return Fitter(options, script, options.chip or slice_.chip.name, slice_.chip.hbm_bytes, progress)
 
 
 def _jax_device(options: RunOptions, progress: Progress) -> JaxDevice:
@@ -475,7 +492,7 @@ class Interrupts:
 
 def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version, out_dir, progress,
                       interrupts: Interrupts, measure: Callable[[], Measured] | None = None,
-                      recording_stopped=None) -> tuple[Report, Measured | None, bool]:
+                      recording_stopped=None, fit: Fitter | None = None) -> tuple[Report, Measured | None, bool]:
     """Price every mode, build the report from its typed parts (plus what ``measure`` finds for real), write
     it, print the summary; returns the report, what was measured and whether Ctrl-C stopped pricing."""
     modes = options.modes
@@ -538,6 +555,15 @@ def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version
     script_by = {"KeyboardInterrupt": "Ctrl-C", **{name: name for name in STOP_SIGNALS.values()}}
     script_stopped = outcome.error_type in script_by
     by = script_by[outcome.error_type] if script_stopped else interrupts.by
+    largest = fit_error = None
+    if fit is not None and timelines:        # --fit-batch: the script recorded again at other batches
+        def search() -> None:
+            nonlocal largest
+            largest = fit(list(timelines), outcome)
+        try:
+            interrupts.stoppable(search)
+        except TpusimError as error:         # it failed at a batch, not for memory: said once the report is written
+            fit_error = error
     interrupted = (Interrupted(script=script_stopped, pricing=not priced, by=by,
                                not_priced=tuple(m for m in options.mode_names if m not in timelines))
                    if script_stopped or not priced else None)
@@ -554,7 +580,7 @@ def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version
                    for mode in timelines}
         faults = slowdown_section(slice_, timelines, healthy)
     report = build_report(info, trace, slice_, timelines, warnings, distributed=distributed, placements=placements,
-                          measured=measured, faults=faults, xla=xla)
+                          measured=measured, faults=faults, xla=xla, largest_batch=largest)
     try:
         write_report(out_dir, report, timelines)
     except OSError as error:                 # a full disk, the folder removed while the script ran, ...
@@ -565,4 +591,6 @@ def _price_and_report(trace, slice_, options: RunOptions, outcome, torch_version
     print(format_placements(distributed, placements), end="")
     for line in notices.once(xla_lines(report), missing(), "xla-extra-missing"):   # the advice once per machine
         print(line)
+    if fit_error is not None:
+        raise fit_error
     return report, measured, not priced

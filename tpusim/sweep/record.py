@@ -10,15 +10,13 @@ A combination whose run fails is returned as its error, so its points become row
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpusim.run.fresh import run_fresh
 from tpusim.run.options import RunOptions
 from tpusim.sweep.script_args import Combination, label, script_argv, tokens_per_step
-
-STDERR_LINES = 6     # the tail of a failed run's stderr kept as the rows' error
 
 
 @dataclass(frozen=True)
@@ -30,13 +28,17 @@ class Recorded:
     error: str | None = None
 
 
-def run_command(script: Path, combination: Combination, folder: Path, *, chip: str | None, topology: str | None,
-                tokens: int | None, fixed_args: list[str]) -> list[str]:
-    """The `tpusim run` command line recording ``combination`` (shape-only, one process for the world)."""
-    options = RunOptions(script=str(script), script_args=(*fixed_args, *script_argv(combination)), chip=chip or None,
-                         topology=topology or None, numerics="off", ranks="one", tokens_per_step=tokens or None,
-                         out=str(folder), quiet=True)
-    return options.argv()
+def run_options(script: Path, combination: Combination, folder: Path, *, chip: str | None, topology: str | None,
+                tokens: int | None, fixed_args: list[str]) -> RunOptions:
+    """The `tpusim run` recording ``combination`` (shape-only, one process for the world)."""
+    return RunOptions(script=str(script), script_args=(*fixed_args, *script_argv(combination)), chip=chip or None,
+                      topology=topology or None, numerics="off", ranks="one", tokens_per_step=tokens or None,
+                      out=str(folder), quiet=True)
+
+
+def run_command(script: Path, combination: Combination, folder: Path, **given) -> list[str]:
+    """The `tpusim run` command line recording ``combination`` (``given`` as ``run_options``')."""
+    return run_options(script, combination, folder, **given).argv()
 
 
 def record_one(script: Path, combination: Combination, root: Path, *, chip: str | None = None,
@@ -46,17 +48,9 @@ def record_one(script: Path, combination: Combination, root: Path, *, chip: str 
     is a ``Recorded`` with the error, never an exception."""
     folder = root / label(combination)
     tokens = tokens_per_step(tokens_expression, combination)
-    command = run_command(script, combination, folder, chip=chip, topology=topology, tokens=tokens,
+    options = run_options(script, combination, folder, chip=chip, topology=topology, tokens=tokens,
                           fixed_args=list(fixed_args or ()))
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return Recorded(combination, folder, f"recording timed out after {timeout_s:g} s")
-    if done.returncode != 0 or not (folder / "program.jsonl").is_file():
-        tail = [line for line in done.stderr.splitlines() if line.strip()][-STDERR_LINES:]
-        why = " | ".join(tail) or f"tpusim run exited with {done.returncode}"
-        return Recorded(combination, folder, f"recording failed (exit {done.returncode}): {why}")
-    return Recorded(combination, folder)
+    return Recorded(combination, folder, run_fresh(options, timeout_s=timeout_s))
 
 
 def record_all(script: Path, combos: list[Combination], root: Path,

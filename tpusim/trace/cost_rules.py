@@ -6,9 +6,10 @@ transcendentals, the MXU matmul shape, and the bytes it moves where those are no
 all outputs written. Tensors are metadata: anything with ``shape`` (a tuple of ints), ``dtype`` (its name:
 "bfloat16", "int64", ...) and ``nbytes`` (``TensorMeta`` as recorded, or ``Meta`` below: what the backend
 makes of a torch tensor); non-tensor arguments are plain Python values. Which op uses which rule, its
-family and unit are one row each in tpusim/trace/ops.py's ``OPS``; the backend (tpusim/backend/costs.py) only
-turns torch tensors into metadata, and the validation cases (tpusim/validate) call ``gemm`` and
-``flash_attention`` for the kernels they build by hand, so both count the same way.
+family and unit are one row each in tpusim/trace/ops.py's ``OPS``; the backend
+(tpusim/backend/program_trace/costs.py) only turns torch tensors into metadata, and the validation cases
+(tpusim/validate) call ``gemm`` and ``flash_attention`` for the kernels they build by hand, so both count the
+same way.
 
 Bytes are logical (numel x itemsize) of the tensors an op reads and writes; gathers read only the rows they
 fetch, not the whole table.

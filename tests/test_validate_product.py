@@ -10,6 +10,8 @@ import dataclasses
 import json
 import math
 
+import pytest
+
 from tpusim.cli.main import main
 from tpusim.trace.records import OpRecord, StepMarker
 from tpusim.validate import find_case, run_case
@@ -68,3 +70,16 @@ def test_product_cases_name_their_sources_and_never_the_held_out_runs():
         assert run.source.startswith("https://github.com/") and run.where and run.published_s > 0
         assert not any(h in run.where for h in held_out), run.name
     assert find_case([case(r) for r in PRODUCT_RUNS], "product-recipes-mistral-7b-v6e-8")
+
+
+def test_a_multislice_row_records_over_its_slices_with_the_scripts_dcn_dim(tmp_path):
+    from tpusim.validate.maxtext import RUNS
+    from tpusim.validate.product import command
+    from tpusim.validate.suite import case_chips
+
+    row = next(r for r in RUNS if r.name == "maxtext-v5e-32b-2xv5e-256")
+    run = next(r for r in PRODUCT_RUNS if r.twin == row.name)
+    argv = command(run, tmp_path)
+    assert argv[argv.index("--slices") + 1] == "2" and argv[argv.index("--dcn") + 1] == "2"
+    assert case_chips(case(run)) == 512 and run.published_s == pytest.approx(row.published_step_s())
+    assert not any(r.slices > 4 for r in PRODUCT_RUNS)       # the 8- to 32-slice rows stay closed-form

@@ -57,6 +57,7 @@ class Case:
     mode: str = ""                 # what the script ran as: "compile" (torch.compile'd blocks), "fused", ...
     script: str = ""               # the PyTorch file a product-path case runs
     family: str = ""               # model family (leave-one-family-out); "" = the case's own name
+    slices: int = 1                # product cases: copies of the slice's topology joined over DCN
     compiler: str = ""             # product path: who built the compiled programs priced ("model" or "xla")
     twin: str = ""                 # the case that prices the same published figure by the other path: a
                                    # parameter fitted on either one is fitted on both (neither is held out)

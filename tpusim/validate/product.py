@@ -15,11 +15,13 @@ Published XLA/MaxText step times are whole compiled programs, so the cases compa
 under ``torch.compile`` (``mode`` "compile"): the blocks are compiled, the embedding, loss and optimizer run
 in Fused eager around them.
 
-The sources are MaxText's published tables (the Decoder and Run rows of ``tpusim/validate/maxtext.py``,
-single slice, no data-parallel axis: `tpusim run` prices one slice) and the AI-Hypercomputer/tpu-recipes
-Trillium (v6e) training recipes' step-time log lines (``RECIPES``). Not run here, with why:
-multi-slice rows (`tpusim run` has no DCN slices yet), MLPerf blocks (they include eval passes), the 2023
-v4 rows (MaxText had no flash kernel then; the script's attention is one), and mixture-of-experts recipes.
+The sources are MaxText's published tables (the Decoder and Run rows of ``tpusim/validate/maxtext.py``, no
+data-parallel axis; the 2- and 4-slice v5e rows with `tpusim run --slices` and the script's ``--dcn``: FSDP
+inside each slice, the gradient shards all-reduced over DCN) and the AI-Hypercomputer/tpu-recipes Trillium
+(v6e) training recipes' step-time log lines (``RECIPES``). Not run here, with why: multi-slice rows of more
+than 4 slices (minutes apiece; they stay closed-form cases), MLPerf blocks (they include eval passes), the 2023
+v4 rows (MaxText had no flash kernel then; the script's attention is one), and the dropless (megablox)
+mixture-of-experts recipes (``validation/moe_decoder.py`` has MaxText's dense dropping MoE only).
 
 HBM: the recording runs with the capacity check off (``TPUSIM_HBM_BYTES=0``). What a PyTorch translation
 keeps for the backward pass (a row-parallel matmul's partial sums, activations a recipe offloads to host
@@ -166,6 +168,18 @@ RECIPES: tuple[ProductRun, ...] = (
             "48e590c6b499e27913245d9cd5c52b36827e3b94",
             "GPT-3 175B, fsdp 256; per-device batch 3 x seq 2048; remat full; int8 AQT projections (the folder is "
             "named fp8; its run_recipe.sh says the config sets quantization=int8)"),
+    dataclasses.replace(_recipe(
+        "mixtral-8x7b-dropped-v6e-256", "mixtral-8x7b", "2d:16x16", "v6e-256",
+        tuple(map(str, ("--layers", 32, "--d-model", 4096, "--heads", 32, "--kv-heads", 8, "--head-dim", 128,
+                        "--mlp-dim", 14336, "--vocab", 32000, "--seq", 4096, "--experts", 8, "--top-k", 2,
+                        "--capacity-factor", 1.25, "--dispatch", "einsum", "--batch", 12, "--remat", "attention",
+                        "--steps", STEPS))), 13.484,
+        "completed step: 11, seconds: 13.484, TFLOP/s/device: 302.311, Tokens/s/device: 3645.203, "
+        "total_weights: 12582912, loss: 10.546", "training/trillium/Mixtral-8x7B-MaxText/README.md", "44189f9",
+        "Mixtral 8x7B (mixtral_8x7b_dropped), fsdp 256; per-device batch 12 x seq 4096; 8 experts top-2, dense "
+        "dropping MoE (megablox off, sparse_matmul off), capacity factor 1.25: MaxText's one-hot einsum dispatch "
+        "and combine (--dispatch einsum); remat offload (decoder_layer_input, out_proj, q/k/v_proj)"),
+        script="moe_decoder.py"),
 )
 
 MAXTEXT_RUNS = tuple(from_maxtext(run) for run in RUNS if has_product_twin(run))
@@ -325,7 +339,7 @@ def case(run: ProductRun) -> Case:
                 published_s=run.published_s, source=run.source, where=run.where, predict=predictor(run),
                 conversion=run.conversion, model=f"validation/{run.script} through `tpusim run` (product path)",
                 slow=run.slow or run.compiler == "xla", path="product", mode=run.mode, compiler=run.compiler,
-                script=f"validation/{run.script}", family=run.family,
+                script=f"validation/{run.script}", family=run.family, slices=run.slices,
                 twin=run.twin)
 
 

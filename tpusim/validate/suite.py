@@ -109,7 +109,7 @@ def case_chips(case: Case) -> int | None:
 
     if case.path != "product":
         return None
-    return math.prod(parse_topology(case.slice))
+    return math.prod(parse_topology(case.slice.split(" ")[0])) * case.slices
 
 
 def summarise(results: list[Result]) -> dict[str, Summary]:

@@ -114,11 +114,30 @@ def compile_stats() -> CompileStats:
         source = f"{frame.filename}:{frame.lineno}" if frame else "?"
         if (r.reason, source) not in seen:
             seen.add((r.reason, source))
-            breaks.append(trace_meta.GraphBreak(r.reason.strip().splitlines()[0], source))
+            breaks.append(trace_meta.GraphBreak(_break_reason(r), source))
     recompiles = [trace_meta.DynamoRecompile(f"{m.co_name} ({m.co_filename}:{m.co_firstlineno})",
                                              m.recompile_reason.strip())
                   for m in get_compilation_metrics() if m.recompile_reason]
     return CompileStats(list(_REG.graphs), breaks, recompiles)
+
+
+FSDP_HOOKS_BREAK = ("FSDP2's hooks of a fully_shard'ed submodule called inside the compiled module (FSDP2 marks "
+                    "them not to be traced, so Dynamo splits the graph at the call and compiles the submodule apart)")
+FSDP_HOOKS_FIX = ("; fully_shard only the compiled module, or compile its children around that submodule instead of "
+                  "the module (torchtitan compiles an expert-parallel MoE block's children for this reason)")
+CHECKPOINTED = ("; the module is activation-checkpointed, and Dynamo cannot split a checkpointed region: the whole "
+                "module runs eagerly, op by op")
+_CHECKPOINT_FILES = ("/torch/utils/checkpoint.py", "/_checkpoint/checkpoint_wrapper.py")
+
+
+def _break_reason(record: object) -> str:
+    """Dynamo's reason for a break, in one line; a break inside FSDP2's hooks (Dynamo's reason names only a skipped
+    ``disable``) says what the user wrote that caused it, and what it costs inside activation checkpointing."""
+    frames = [f.filename.replace("\\", "/") for f in record.user_stack or ()]
+    if not any("/torch/distributed/fsdp/" in name for name in frames):
+        return record.reason.strip().splitlines()[0]
+    checkpointed = any(name.endswith(_CHECKPOINT_FILES) for name in frames)
+    return FSDP_HOOKS_BREAK + (CHECKPOINTED if checkpointed else "") + FSDP_HOOKS_FIX
 
 
 def trace_facts() -> trace_meta.CompileFacts:

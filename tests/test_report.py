@@ -91,7 +91,9 @@ def test_perfetto_trace_has_host_and_tensorcore_tracks(priced, tmp_path):
 def test_summary_table_has_one_column_per_mode(priced):
     _, _, _, report = priced
     table = summary_table(report, "reports/x")
-    assert "debug" in table.splitlines()[1] and "strict" in table.splitlines()[1]
+    lines = table.splitlines()
+    assert lines[1].startswith("priced by tpusim's model; validated error (")      # who priced, how far to trust
+    assert "debug" in lines[2] and "strict" in lines[2]
     assert "reports/x/report.html" in table
 
 
